@@ -1,0 +1,9 @@
+"""ASGI entry point: `uvicorn config.asgi:application` (the `web` process)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+application = get_asgi_application()

@@ -1,0 +1,105 @@
+"""Small strict readers for settings that come from the environment.
+
+A value that is set but cannot be read is a configuration error at start-up, never a silent default.
+"""
+
+import os
+from decimal import Decimal, InvalidOperation
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value}: must be at least {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a number") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value}: must be at least {minimum}")
+    return value
+
+
+def env_decimal(name: str, default: str) -> Decimal:
+    raw = os.environ.get(name, default)
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a decimal amount") from None
+    if not value.is_finite() or value < 0:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a non-negative amount")
+    return value
+
+
+def env_list(name: str, default: str) -> list[str]:
+    raw = os.environ.get(name, default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_int_list(name: str, default: str, *, minimum: int = 0) -> list[int]:
+    items = env_list(name, default)
+    try:
+        values = [int(item) for item in items]
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={os.environ.get(name)!r}: expected comma-separated integers") from None
+    if not values or any(value < minimum for value in values):
+        raise ImproperlyConfigured(f"{name}: expected at least one integer, each >= {minimum}")
+    return values
+
+
+def database_from_url(url: str) -> dict:
+    """`postgres://user:password@host:port/name?sslmode=...` -> a Django DATABASES entry (psycopg 3)."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ImproperlyConfigured(f"DATABASE_URL: scheme {parts.scheme!r} is not PostgreSQL; payonce needs PostgreSQL")
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ImproperlyConfigured("DATABASE_URL: no database name in the path")
+    options = {}
+    for pair in filter(None, parts.query.split("&")):
+        key, _, value = pair.partition("=")
+        options[unquote(key)] = unquote(value)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "OPTIONS": options,
+    }

@@ -1,0 +1,210 @@
+"""payonce settings: everything comes from the environment, every default works on a developer machine
+with PostgreSQL and Redis on localhost (see API.md, "Processes and settings")."""
+
+from pathlib import Path
+
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_decimal,
+    env_float,
+    env_int,
+    env_int_list,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("PAYONCE_VAR_DIR", str(BASE_DIR / "var")))
+
+# --- Django ------------------------------------------------------------------------------------------------
+
+SECRET_KEY = env_str("SECRET_KEY", "payonce-development-only-secret-key-change-me-in-production")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework_api_key",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_results",
+    "jobs",
+    "executor",
+    "webhooks",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL", "postgres://localhost:5432/payonce")
+_database = database_from_url(DATABASE_URL)
+# psycopg 3's pool (Django >= 5.1). Celery's Django fix-up closes connections before and after every
+# task; with a pool that returns the connection instead of opening a new one for each task.
+if env_bool("DB_POOL", True):
+    _database["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": env_int("DB_POOL_MAX", 24, minimum=2),
+        "timeout": env_float("DB_POOL_TIMEOUT_S", 10.0, minimum=0.1),
+    }
+else:
+    _database["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+# Static files (admin, API docs) are served by WhiteNoise straight from the installed packages, so
+# `make run` needs no collectstatic step. A deployment may set STATIC_ROOT and run collectstatic.
+STATIC_ROOT = env_str("STATIC_ROOT", "") or None
+WHITENOISE_USE_FINDERS = STATIC_ROOT is None
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}
+
+# --- API -----------------------------------------------------------------------------------------------
+
+# The largest job request body accepted (413 above it). Django enforces the same bound on request.body.
+JOB_BODY_MAX_BYTES = env_int("JOB_BODY_MAX_BYTES", 256 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = JOB_BODY_MAX_BYTES
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.auth.BearerAPIKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "jobs.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "payonce API",
+    "DESCRIPTION": "Paid AI generation jobs where every layer may retry and the money is spent once.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Where links to outputs point (job JSON, webhooks). The API serves filesystem-store outputs itself.
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+
+# --- payonce -------------------------------------------------------------------------------------------
+
+OUTPUT_STORE_URL = env_str("OUTPUT_STORE_URL", "file://./var/outputs")
+SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8100").rstrip("/")
+WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
+BUDGET_MONTHLY_CAP_USD = env_decimal("BUDGET_MONTHLY_CAP_USD", "20")
+REAL_PROVIDERS = env_bool("REAL_PROVIDERS", False)
+SWEEP_INTERVAL_S = env_float("SWEEP_INTERVAL_S", 10.0, minimum=0.1)
+POLL_INTERVAL_S = env_float("POLL_INTERVAL_S", 2.0, minimum=0.05)
+WEBHOOK_RETRY_SCHEDULE = env_int_list("WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000,36000")
+
+# Provider calls: how long to wait to connect and for an answer. Every network call has a bound, because
+# the threads pool cannot enforce Celery's time limits (below).
+PROVIDER_CONNECT_TIMEOUT_S = env_float("PROVIDER_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+PROVIDER_READ_TIMEOUT_S = env_float("PROVIDER_READ_TIMEOUT_S", 30.0, minimum=0.1)
+# How long a job may wait on an async provider before its attempt is given up (DESIGN.md, section 2).
+WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 50 * 60.0, minimum=1.0)
+
+# --- Celery --------------------------------------------------------------------------------------------
+# The broker is a doorbell: messages carry ids, Postgres holds the truth (DESIGN.md, "Stack").
+
+CELERY_BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = True
+# Step and job rows hold every outcome; storing each task's return value would add a commit per message.
+# Failures are still stored (task_store_errors_even_if_ignored) so operators can see them.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_STORE_ERRORS_EVEN_IF_IGNORED = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_ENABLE_UTC = True
+
+# At least once: a message is acknowledged after its task ran, and given back when a worker dies under it.
+# Every task is idempotent against the database, so a second delivery is harmless.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# No task may hold a worker for long: waiting on a provider re-schedules itself. These limits are enforced
+# by the prefork pool; the threads pool that payonce runs by default cannot enforce them (Celery limits
+# are signal based), so every network call carries its own timeout and a stuck step is taken over when its
+# lease runs out.
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("TASK_SOFT_TIME_LIMIT_S", 300, minimum=1)
+CELERY_TASK_TIME_LIMIT = env_int("TASK_TIME_LIMIT_S", 330, minimum=2)
+# Redis gives an unacknowledged message to another worker after visibility_timeout. It must be longer
+# than the longest task and the longest countdown, or a slow task would run twice at once. Recovery
+# from a dead worker does not wait for it: the sweeper re-enqueues by id (DESIGN.md, section 2).
+BROKER_VISIBILITY_TIMEOUT_S = env_int("BROKER_VISIBILITY_TIMEOUT_S", 3600, minimum=CELERY_TASK_TIME_LIMIT + 60)
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S, "socket_connect_timeout": 5, "socket_timeout": 10}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+    else {}
+)
+# A POST must not hang on a broker that is down: the job row is durable and the sweeper starts it.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
+CELERY_BROKER_CONNECTION_TIMEOUT = 4
+
+CELERY_TASK_DEFAULT_QUEUE = "jobs"
+CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}
+CELERY_BEAT_SCHEDULE = {}

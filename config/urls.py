@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+urlpatterns = [
+    path("v1/", include("jobs.urls")),
+    path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
+    path("v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("admin/", admin.site.urls),
+]
+
+# Errors outside DRF views (unknown paths, crashes) are JSON too, never an HTML page.
+handler400 = "jobs.errors.json_bad_request"
+handler403 = "jobs.errors.json_permission_denied"
+handler404 = "jobs.errors.json_not_found"
+handler500 = "jobs.errors.json_server_error"

@@ -1,0 +1,1 @@
+"""The executor's tables (attempts) arrive with the executor issue."""

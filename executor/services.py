@@ -1,0 +1,97 @@
+"""The executor: it talks to providers and the output store. The job engine calls these functions; they
+never change a job's status themselves (that is jobs.services)."""
+
+import logging
+import time
+
+from django.conf import settings
+
+from executor.providers import provider_for
+from executor.providers.base import ErrorClass, ProviderError
+from executor.registry import model_spec
+from executor.store import OutputKeyTaken, StoredObject, get_store
+
+logger = logging.getLogger(__name__)
+
+
+class JobFailure(Exception):
+    """A definite end of the job's run with an API error code (OUTPUT_KEY_CONFLICT, PROVIDER_REFUSED, ...)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def as_error(self) -> dict:
+        return {"code": self.code, "message": self.message}
+
+
+_CODE_FOR_CLASS = {
+    ErrorClass.AUTH: "PROVIDER_AUTH",
+    ErrorClass.INVALID_INPUT: "INVALID_INPUT",
+    ErrorClass.REFUSED: "PROVIDER_REFUSED",
+}
+
+
+def upstream_key(job, number: int) -> str:
+    """One key per decision to pay (seed 002): derived from the durable record, never random."""
+    return f"payonce-{job.id}-{number}"
+
+
+def output_describe(job, stored: StoredObject) -> dict:
+    url = get_store().presigned_url(stored.key) or f"{settings.PUBLIC_BASE_URL}/v1/jobs/{job.id}/output"
+    return {
+        "key": stored.key,
+        "url": url,
+        "written_by": stored.written_by,
+        "content_type": stored.content_type,
+        "bytes": stored.size,
+    }
+
+
+def output_check(job) -> dict | None:
+    """Head the output key before preparing inputs or calling a provider (DESIGN.md, section 4)."""
+    existing = get_store().head(job.output_key)
+    if existing is None:
+        return None
+    if existing.written_by != str(job.id):
+        raise JobFailure(
+            "OUTPUT_KEY_CONFLICT", f"output key {job.output_key!r} was written by another job ({existing.written_by})"
+        )
+    return output_describe(job, existing) if existing.complete else None
+
+
+def media_submit(job, *, number: int = 1) -> dict:
+    """Submit the job's render to its primary model under the attempt's upstream key."""
+    spec = model_spec(job.model_chain[0])
+    key = upstream_key(job, number)
+    params = {name: value for name, value in job.input.items() if name != "prompt"}
+    metadata = {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key}
+    try:
+        submission = provider_for(spec.provider).submit(
+            spec.model, upstream_key=key, prompt=job.input["prompt"], params=params, metadata=metadata
+        )
+    except ProviderError as exc:
+        if exc.outcome_unknown:
+            raise  # the caller retries with the same key
+        raise JobFailure(_CODE_FOR_CLASS.get(exc.kind, "ATTEMPTS_EXHAUSTED"), exc.message) from exc
+    return {"model": spec.name, "upstream_id": submission.upstream_id, "upstream_key": key,
+            "submitted_at": time.time()}
+
+
+def media_poll(job, state: dict):
+    spec = model_spec(state["model"])
+    return provider_for(spec.provider).poll(spec.model, state["upstream_id"])
+
+
+def media_store(job, state: dict) -> dict:
+    """Download the finished media and write it create-only under the job's output key."""
+    spec = model_spec(state["model"])
+    payload = provider_for(spec.provider).fetch(state["output_url"])
+    metadata = {"written_by": str(job.id), "provider": spec.provider, "model": spec.model,
+                "attempt": state.get("upstream_key")}
+    try:
+        stored = get_store().put(job.output_key, payload, content_type=spec.content_type, metadata=metadata)
+    except OutputKeyTaken as exc:
+        raise JobFailure("OUTPUT_KEY_CONFLICT", str(exc)) from exc
+    return output_describe(job, stored)

@@ -1,0 +1,113 @@
+"""Every API error is `{"error": {"code": "...", "message": "...", ...}}` with a stable code (API.md)."""
+
+import logging
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(exceptions.APIException):
+    """An error answer with a stable code. Subclasses name the status and the code."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    code = "BAD_REQUEST"
+
+    def __init__(self, message: str, **extra):
+        super().__init__(message)
+        self.message = message
+        self.extra = extra
+
+
+class IdempotencyKeyMissing(ApiError):
+    status_code = status.HTTP_400_BAD_REQUEST
+    code = "IDEMPOTENCY_KEY_MISSING"
+
+
+class IdempotencyKeyInvalid(ApiError):
+    status_code = status.HTTP_400_BAD_REQUEST
+    code = "IDEMPOTENCY_KEY_INVALID"
+
+
+class IdempotencyConflict(ApiError):
+    status_code = status.HTTP_409_CONFLICT
+    code = "IDEMPOTENCY_CONFLICT"
+
+
+class InvalidRequest(ApiError):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    code = "INVALID_REQUEST"
+
+
+class PayloadTooLarge(ApiError):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class UnsupportedMediaType(ApiError):
+    status_code = status.HTTP_415_UNSUPPORTED_MEDIA_TYPE
+    code = "UNSUPPORTED_MEDIA_TYPE"
+
+
+def error_body(code: str, message: str, **extra) -> dict:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+# DRF's own exceptions -> (code, default message).
+_DRF_CODES = {
+    exceptions.NotAuthenticated: "UNAUTHENTICATED",
+    exceptions.AuthenticationFailed: "UNAUTHENTICATED",
+    exceptions.PermissionDenied: "FORBIDDEN",
+    exceptions.NotFound: "NOT_FOUND",
+    exceptions.MethodNotAllowed: "METHOD_NOT_ALLOWED",
+    exceptions.NotAcceptable: "NOT_ACCEPTABLE",
+    exceptions.UnsupportedMediaType: "UNSUPPORTED_MEDIA_TYPE",
+    exceptions.Throttled: "RATE_LIMITED",
+}
+
+
+def api_exception_handler(exc, context):
+    """DRF's EXCEPTION_HANDLER: map every exception to the JSON error body; never an HTML page."""
+    if isinstance(exc, ApiError):
+        return Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status_code)
+    if isinstance(exc, exceptions.ValidationError) or isinstance(exc, exceptions.ParseError):
+        detail = exc.detail if isinstance(exc, exceptions.ValidationError) else {"body": [str(exc.detail)]}
+        return Response(
+            error_body("INVALID_REQUEST", "The request body is not valid.", fields=detail),
+            status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        return Response(error_body("PAYLOAD_TOO_LARGE", "The request body is too large."), status=413)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, exceptions.APIException):
+        code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), "ERROR")
+        response = Response(error_body(code, str(exc.detail)), status=exc.status_code)
+        if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+            auth_header = getattr(exc, "auth_header", None)
+            response["WWW-Authenticate"] = auth_header or 'Bearer realm="payonce"'
+        if getattr(exc, "wait", None):
+            response["Retry-After"] = str(int(exc.wait))
+        return response
+    return None  # Django answers with handler500 (JSON, below) and logs the traceback
+
+
+def json_not_found(request, exception=None):
+    return JsonResponse(error_body("NOT_FOUND", "Not found."), status=404)
+
+
+def json_server_error(request):
+    return JsonResponse(error_body("INTERNAL_ERROR", "Internal server error."), status=500)
+
+
+def json_bad_request(request, exception=None):
+    return JsonResponse(error_body("BAD_REQUEST", "Bad request."), status=400)
+
+
+def json_permission_denied(request, exception=None):
+    return JsonResponse(error_body("FORBIDDEN", "Forbidden."), status=403)

@@ -1,0 +1,105 @@
+"""Clients, their API keys, and jobs: the record of truth for what a client asked for and where it is."""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from rest_framework_api_key.models import AbstractAPIKey
+
+
+class Client(models.Model):
+    """A team that submits jobs. Authenticated by `ClientAPIKey`; sees only its own jobs."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    # The budget cap per month (billing reads it); null means BUDGET_MONTHLY_CAP_USD.
+    monthly_cap_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    # A Client is what DRF's request.user is for API calls (jobs.auth).
+    is_authenticated = True
+    is_anonymous = False
+
+    def __str__(self):
+        return f"{self.name} ({self.id})"
+
+
+class ClientAPIKey(AbstractAPIKey):
+    """An API key, shown once and stored as a SHA-512 hash (djangorestframework-api-key)."""
+
+    client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="api_keys")
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "client API key"
+        verbose_name_plural = "client API keys"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# A job in one of these states may still change; every writer that ends a job matches only these.
+OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.WAITING)
+TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class JobKind(models.TextChoices):
+    MEDIA = "media"
+    REPORT = "report"
+
+
+class Job(models.Model):
+    """One key + one body = one job (DESIGN.md, section 1)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="jobs")
+    idempotency_key = models.CharField(max_length=255)
+    # SHA-256 (hex) of the canonical validated body: same key with another body is a conflict.
+    request_hash = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16, choices=JobKind.choices)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    # Goes up by one on each person's retry; every event and step belongs to a run.
+    run = models.PositiveIntegerField(default=1)
+    # The attempt chain, "provider/model", primary first (the API field `models`).
+    model_chain = models.JSONField()
+    input = models.JSONField()
+    policy = models.JSONField()
+    output_key = models.CharField(max_length=1024)
+    webhook_url = models.CharField(max_length=2048, blank=True, default="")
+    metadata = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)
+    # {"code": "...", "message": "..."} once the job failed or waits for a person.
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Two identical requests racing make one row: the loser's INSERT does nothing (jobs.services).
+            models.UniqueConstraint(fields=["client", "idempotency_key"], name="job_client_idempotency_key"),
+            models.CheckConstraint(condition=Q(run__gte=1), name="job_run_positive"),
+        ]
+        indexes = [
+            # GET /v1/jobs: a client's jobs, newest first, optionally by status.
+            models.Index(fields=["client", "-created_at", "-id"], name="job_client_created"),
+            models.Index(fields=["client", "status", "-created_at"], name="job_client_status_created"),
+            # The sweeper looks only at jobs that may still move.
+            models.Index(
+                fields=["updated_at"], name="job_open_updated", condition=Q(status__in=OPEN_STATUSES)
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} job {self.id} ({self.status})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in OPEN_STATUSES

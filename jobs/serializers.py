@@ -1,0 +1,178 @@
+"""The job request (validated strictly: wrong types are errors, never coerced) and the job as answered."""
+
+import re
+
+from rest_framework import serializers
+
+from executor.registry import model_spec
+from jobs.models import JobKind
+
+FALLBACK_REASONS = ("exhausted", "unavailable", "refused", "window_expired")
+DEFAULT_POLICY = {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]}
+MAX_MODELS = 5
+MAX_JSON_DEPTH = 32
+_OUTPUT_KEY = re.compile(r"^[A-Za-z0-9!_.*'()\-][A-Za-z0-9!_.*'()/\-]*$")
+
+
+class StrictCharField(serializers.CharField):
+    """A string, never a number or a bool turned into one."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictSerializer(serializers.Serializer):
+    """Unknown fields are errors: a typo such as "polcy" must not be silently ignored."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+def json_depth(value, depth: int = 0) -> int:
+    if isinstance(value, dict):
+        return max((json_depth(v, depth + 1) for v in value.values()), default=depth + 1)
+    if isinstance(value, list):
+        return max((json_depth(v, depth + 1) for v in value), default=depth + 1)
+    return depth
+
+
+class PolicySerializer(StrictSerializer):
+    attempts_per_model = StrictIntegerField(min_value=1, max_value=10, default=DEFAULT_POLICY["attempts_per_model"])
+    fallback_on = serializers.ListField(
+        child=serializers.ChoiceField(choices=FALLBACK_REASONS),
+        max_length=len(FALLBACK_REASONS),
+        default=lambda: list(DEFAULT_POLICY["fallback_on"]),
+    )
+
+    def validate_fallback_on(self, value):
+        return sorted(set(value), key=FALLBACK_REASONS.index)
+
+
+class MediaInputSerializer(serializers.Serializer):
+    """A media job's input: a prompt, an optional render time, and provider parameters passed through."""
+
+    prompt = StrictCharField(max_length=20000)
+    render_s = serializers.FloatField(required=False, min_value=0, max_value=3600)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Expected an object."]})
+        render_s = data.get("render_s")
+        if "render_s" in data and (isinstance(render_s, bool) or not isinstance(render_s, (int, float))):
+            raise serializers.ValidationError({"render_s": ["A number of seconds is required."]})
+        super().to_internal_value(data)
+        return data  # validated; kept exactly as sent (the extra keys are the provider's parameters)
+
+
+class JobCreateSerializer(StrictSerializer):
+    kind = serializers.ChoiceField(choices=JobKind.choices)
+    models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
+    input = serializers.DictField()
+    policy = PolicySerializer(required=False)
+    output_key = StrictCharField(required=False, max_length=1024)
+    webhook_url = serializers.URLField(required=False, max_length=2048)
+    metadata = serializers.DictField(required=False)
+
+    def validate_kind(self, value):
+        if value == JobKind.REPORT:
+            raise serializers.ValidationError("Report jobs are not enabled in this build of payonce yet.")
+        return value
+
+    def validate_models(self, value):
+        unknown = [name for name in value if model_spec(name) is None]
+        if unknown:
+            raise serializers.ValidationError(f"Unknown model(s): {', '.join(unknown)}.")
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("A model may appear only once in the chain.")
+        return value
+
+    def validate_output_key(self, value):
+        parts = value.split("/")
+        if not _OUTPUT_KEY.match(value) or value.endswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise serializers.ValidationError(
+                "A relative key of letters, digits and !_.*'()- separated by single '/', without '.' or '..' parts."
+            )
+        return value
+
+    def validate_webhook_url(self, value):
+        if not value.lower().startswith(("http://", "https://")):
+            raise serializers.ValidationError("Only http and https URLs.")
+        return value
+
+    def validate(self, attrs):
+        errors = {}
+        for name in ("input", "metadata"):
+            if json_depth(attrs.get(name, {})) > MAX_JSON_DEPTH:
+                errors[name] = [f"Nested deeper than {MAX_JSON_DEPTH} levels."]
+        wrong_kind = [name for name in attrs["models"] if model_spec(name).job_kind != attrs["kind"]]
+        if wrong_kind:
+            errors["models"] = [f"Not a {attrs['kind']} model: {', '.join(wrong_kind)}."]
+        if attrs["kind"] == JobKind.MEDIA and "input" not in errors:
+            media_input = MediaInputSerializer(data=attrs["input"])
+            if not media_input.is_valid():
+                errors["input"] = media_input.errors
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs.setdefault("policy", dict(DEFAULT_POLICY))
+        attrs.setdefault("metadata", {})
+        return attrs
+
+
+class AttemptSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    provider = serializers.CharField()
+    model = serializers.CharField()
+    upstream_key = serializers.CharField()
+    state = serializers.CharField()
+    error_class = serializers.CharField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+    cost_usd = serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True)
+    cost_source = serializers.CharField(allow_null=True)
+
+
+class JobSerializer(serializers.Serializer):
+    """A job as the API and webhooks show it (API.md, "A job")."""
+
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    status = serializers.CharField()
+    run = serializers.IntegerField()
+    idempotency_key = serializers.CharField()
+    models = serializers.ListField(child=serializers.CharField(), source="model_chain")
+    input = serializers.JSONField()
+    policy = serializers.JSONField()
+    output_key = serializers.CharField()
+    webhook_url = serializers.CharField(allow_null=True)
+    metadata = serializers.JSONField()
+    output = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(allow_null=True)
+    attempts = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["webhook_url"] = data["webhook_url"] or None
+        return data
+
+    def get_attempts(self, job) -> list[dict]:
+        return AttemptSerializer(getattr(job, "attempt_list", []), many=True).data
+
+    def get_cost(self, job) -> dict:
+        return {"total_usd": "0.000000", "unpriced_attempts": 0}

@@ -1,0 +1,171 @@
+"""The job API (API.md, "Jobs"). Views parse and validate, call one service, and render."""
+
+import json
+import math
+import re
+
+from django.conf import settings
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from executor.store import get_store
+from jobs import services
+from jobs.errors import (
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from jobs.models import Job, JobStatus
+from jobs.serializers import JobCreateSerializer, JobSerializer
+
+# 1 to 255 visible ASCII characters (DESIGN.md, section 1).
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_JSON_CONTENT_TYPE = re.compile(r"^application/([a-z0-9.+-]+\+)?json\s*(;.*)?$", re.IGNORECASE)
+
+_ERROR = inline_serializer(
+    "Error",
+    {"error": inline_serializer("ErrorBody", {"code": serializers.CharField(), "message": serializers.CharField()})},
+)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _contains_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_contains_nul(v) for v in value)
+    return False
+
+
+def read_json_body(request) -> object:
+    """Read at most JOB_BODY_MAX_BYTES of the body (also when it arrives chunked) and parse strict JSON.
+
+    Rejected here so nothing half-valid reaches PostgreSQL: NaN/Infinity and out-of-range numbers,
+    invalid UTF-8, and NUL characters (jsonb cannot store them).
+    """
+    limit = settings.JOB_BODY_MAX_BYTES
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit_bytes=limit)
+    raw = request._request.read(limit + 1)
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit_bytes=limit)
+    content_type = request.META.get("CONTENT_TYPE", "")
+    if content_type and not _JSON_CONTENT_TYPE.match(content_type):
+        raise UnsupportedMediaType(f"Send the body as application/json, not {content_type[:100]!r}.")
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        if _contains_nul(body):
+            raise ValueError("NUL characters are not allowed in strings")
+        return body
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidRequest("The request body is not valid JSON.", fields={"body": [str(exc)[:300]]}) from None
+
+
+def idempotency_key_from(request) -> str:
+    key = request.META.get("HTTP_IDEMPOTENCY_KEY")
+    if key is None or key == "":
+        raise IdempotencyKeyMissing("The Idempotency-Key header is required for POST /v1/jobs.")
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise IdempotencyKeyInvalid("The Idempotency-Key must be 1 to 255 visible ASCII characters.")
+    return key
+
+
+class JobPagination(CursorPagination):
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 200
+
+
+class JobListCreateView(APIView):
+    @extend_schema(
+        operation_id="jobs_create",
+        request=JobCreateSerializer,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=True)],
+        responses={
+            201: JobSerializer,
+            202: OpenApiResponse(JobSerializer, description="A replay of the same key and body: the same job."),
+            400: _ERROR, 401: _ERROR, 409: _ERROR, 413: _ERROR, 415: _ERROR, 422: _ERROR,
+        },
+    )
+    def post(self, request):
+        key = idempotency_key_from(request)
+        body = read_json_body(request)
+        serializer = JobCreateSerializer(data=body)
+        serializer.is_valid(raise_exception=True)
+        job, created = services.job_create(client=request.user, idempotency_key=key, data=serializer.validated_data)
+        return Response(JobSerializer(job).data, status=201 if created else 202)
+
+    @extend_schema(
+        operation_id="jobs_list",
+        parameters=[
+            OpenApiParameter("status", str, enum=JobStatus.values),
+            OpenApiParameter("cursor", str),
+            OpenApiParameter("limit", int),
+        ],
+        responses={200: JobSerializer(many=True), 401: _ERROR, 422: _ERROR},
+    )
+    def get(self, request):
+        jobs = Job.objects.filter(client=request.user)
+        status = request.query_params.get("status")
+        if status:
+            if status not in JobStatus.values:
+                raise InvalidRequest("Unknown status.", fields={"status": [f"One of {', '.join(JobStatus.values)}."]})
+            jobs = jobs.filter(status=status)
+        paginator = JobPagination()
+        page = paginator.paginate_queryset(jobs, request, view=self)
+        return paginator.get_paginated_response(JobSerializer(page, many=True).data)
+
+
+class JobDetailView(APIView):
+    @extend_schema(operation_id="jobs_retrieve", responses={200: JobSerializer, 401: _ERROR, 404: _ERROR})
+    def get(self, request, job_id):
+        job = Job.objects.filter(client=request.user, id=job_id).first()
+        if job is None:
+            raise NotFound("Not found.")
+        return Response(JobSerializer(job).data)
+
+
+class JobOutputView(APIView):
+    @extend_schema(operation_id="jobs_output", responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request, job_id):
+        job = Job.objects.filter(client=request.user, id=job_id, status=JobStatus.SUCCEEDED).first()
+        if job is None or not job.output:
+            raise NotFound("Not found.")
+        store = get_store()
+        url = store.presigned_url(job.output["key"])
+        if url:
+            return Response(status=302, headers={"Location": url})
+        return FileResponse(store.open(job.output["key"]), content_type=job.output.get("content_type"))
+
+
+class WhoAmIView(APIView):
+    """The authenticated client: a cheap way to check a key (and the benchmark's ceiling)."""
+
+    @extend_schema(
+        operation_id="whoami",
+        responses={200: inline_serializer("WhoAmI", {"client_id": serializers.UUIDField(), "name": serializers.CharField()})},
+    )
+    def get(self, request):
+        return Response({"client_id": str(request.user.id), "name": request.user.name})

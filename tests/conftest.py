@@ -1,0 +1,104 @@
+"""Shared fixtures: the sandbox provider and Celery workers as real processes, API clients per test.
+
+Everything talks to real PostgreSQL (the database pytest-django creates) and real Redis (db 15).
+"""
+
+import json
+from urllib.parse import urlsplit
+
+import pytest
+from django.conf import settings
+from django.core.servers import basehttp
+from django.test import Client as DjangoClient
+
+from jobs.services import client_create
+from tests.support.procs import WorkerProcess
+from tests.support.sandbox import SandboxProcess
+
+# pytest-django's live_server listens with a backlog of 10; the race tests open 50 connections at once.
+basehttp.WSGIServer.request_queue_size = 128
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    process = SandboxProcess(port=urlsplit(settings.SANDBOX_URL).port)
+    process.start()
+    yield process
+    process.stop()
+    process.cleanup()
+
+
+@pytest.fixture
+def ledger(sandbox):
+    """The sandbox, reset for this test: its ledger is the ground truth of what was paid."""
+    sandbox.reset()
+    return sandbox
+
+
+@pytest.fixture(scope="session")
+def empty_broker():
+    """Drop messages left in the test broker by an earlier, interrupted run."""
+    from config.celery import app
+
+    app.control.purge()
+
+
+@pytest.fixture(scope="session")
+def jobs_worker(django_db_setup, django_db_blocker, sandbox, empty_broker):
+    """One `worker` process as the Procfile starts it (threads pool), on the test database."""
+    with django_db_blocker.unblock():
+        worker = WorkerProcess(queue="jobs", concurrency=8).start()
+    yield worker
+    worker.stop()
+
+
+class Api:
+    """A client's view of the API through Django's test client (in process, real database)."""
+
+    def __init__(self, credentials: dict):
+        self.client_id = credentials["client_id"]
+        self.api_key = credentials["api_key"]
+        self.webhook_secret = credentials["webhook_secret"]
+        self.http = DjangoClient()
+
+    def headers(self, **extra) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}", **extra}
+
+    def create(self, body, *, key: str | None = "key-1", raw: bytes | str | None = None, **headers):
+        extra = self.headers(**headers)
+        if key is not None:
+            extra["Idempotency-Key"] = key
+        data = raw if raw is not None else json.dumps(body)
+        content_type = headers.pop("content_type", "application/json")
+        return self.http.post("/v1/jobs", data=data, content_type=content_type, headers=extra)
+
+    def get(self, path: str, **params):
+        return self.http.get(path, params, headers=self.headers())
+
+    def job(self, job_id) -> dict:
+        response = self.get(f"/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.content
+        return response.json()
+
+
+@pytest.fixture
+def make_api(db):
+    def make(name: str = "acme") -> Api:
+        return Api(client_create(name=name))
+
+    return make
+
+
+@pytest.fixture
+def api(make_api) -> Api:
+    return make_api("acme")
+
+
+def media_body(**overrides) -> dict:
+    body = {
+        "kind": "media",
+        "models": ["sandbox/video-keyed"],
+        "input": {"prompt": "a lighthouse at dusk", "render_s": 1},
+    }
+    body.update(overrides)
+    return body

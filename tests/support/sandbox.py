@@ -1,0 +1,150 @@
+"""Run the sandbox provider (`python -m sandbox`, the supervisor) as a real process for tests.
+
+    with SandboxProcess() as sandbox:
+        requests.post(f"{sandbox.url}/v1/generations", json={...})
+        assert len(sandbox.ledger()["charges"]) == 1
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (bound, then closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class SandboxProcess:
+    """The sandbox supervisor on its own loopback port and its own state directory."""
+
+    def __init__(self, port: int | None = None, state_dir: str | None = None, env: dict | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._workdir = tempfile.mkdtemp(prefix="payonce-sandbox-")
+        self.state_dir = state_dir or os.path.join(self._workdir, "state")
+        self.log_path = os.path.join(self._workdir, "sandbox.log")
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 15.0) -> "SandboxProcess":
+        env = {
+            **os.environ,
+            "SANDBOX_HOST": "127.0.0.1",
+            "SANDBOX_PORT": str(self.port),
+            "SANDBOX_STATE_DIR": self.state_dir,
+            **self.extra_env,
+        }
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            self.wait_healthy(timeout)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 15.0) -> dict:
+        """Wait until /healthz answers; raise with the process's output if it does not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"sandbox exited with {self.proc.returncode} before answering:\n{self.output()}"
+                )
+            try:
+                return self.health(timeout=1)
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sandbox did not answer /healthz within {timeout}s:\n{self.output()}")
+            time.sleep(0.05)
+
+    def stop(self) -> int | None:
+        """SIGTERM the supervisor (it stops its server), SIGKILL after 5 s; returns the exit code."""
+        code = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def output(self) -> str:
+        if self._log is not None:
+            self._log.flush()
+        try:
+            with open(self.log_path, "rb") as fh:
+                return fh.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> "SandboxProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self.cleanup()
+
+    # -- helpers (a fresh connection each: a crash fault must not leave a dead pooled socket) ------
+
+    def _get(self, path: str, timeout: float = 5) -> dict:
+        response = requests.get(self.url + path, timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        response = requests.post(self.url + path, json=body or {}, timeout=5)
+        response.raise_for_status()
+        return response.json()
+
+    def health(self, timeout: float = 5) -> dict:
+        return self._get("/healthz", timeout=timeout)
+
+    def reset(self) -> None:
+        self._post("/control/reset")
+
+    def ledger(self) -> dict:
+        return self._get("/ledger")
+
+    def calls(self) -> list[dict]:
+        return self._get("/control/calls")["calls"]
+
+    def faults(self, faults: list[dict]) -> list[dict]:
+        """Append faults; returns every pending fault."""
+        return self._post("/control/faults", {"faults": faults})["faults"]
+
+    def pending_faults(self) -> list[dict]:
+        return self._get("/control/faults")["faults"]

@@ -1,0 +1,62 @@
+"""The walking skeleton on real processes: a Celery worker and the sandbox provider, started by the suite."""
+
+import time
+
+import pytest
+
+from executor.store import get_store
+from tests.conftest import media_body
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def wait_for(api, job_id: str, statuses: set[str], timeout: float = 30.0) -> tuple[dict, list[str]]:
+    """Poll GET /v1/jobs/{id} until the job is in one of `statuses`; returns it and the states seen."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api.job(job_id)
+        if not seen or seen[-1] != job["status"]:
+            seen.append(job["status"])
+        if job["status"] in statuses:
+            return job, seen
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} still {seen[-1]!r} after {timeout}s (seen {seen})")
+
+
+def charges_for(ledger, job_id: str) -> list[dict]:
+    return [c for c in ledger.ledger()["charges"] if c["metadata"].get("payonce_job") == job_id]
+
+
+def test_media_job_runs_to_success_and_pays_once(jobs_worker, ledger, api):
+    created = api.create(media_body(input={"prompt": "a lighthouse at dusk", "render_s": 2}), key="e2e-1")
+    assert created.status_code == 201
+    job_id = created.json()["id"]
+
+    job, seen = wait_for(api, job_id, {"succeeded", "failed", "cancelled"})
+
+    assert job["status"] == "succeeded", job
+    assert seen[-2:] == ["running", "succeeded"]  # it was seen rendering, then done
+    assert job["started_at"] and job["completed_at"] >= job["started_at"]
+    # The sandbox's ledger is the ground truth: exactly one charge, under the job's first upstream key.
+    charges = charges_for(ledger, job_id)
+    assert len(charges) == 1, charges
+    assert charges[0]["model"] == "video-keyed"
+    assert charges[0]["request_id"] == f"payonce-{job_id}-1"
+    assert charges[0]["metadata"] == {"payonce_job": job_id, "payonce_attempt": 1, "upstream_key": f"payonce-{job_id}-1"}
+    # The output landed in the store, tagged with the job that wrote it.
+    stored = get_store().head(job["output"]["key"])
+    assert stored is not None and stored.complete
+    assert stored.written_by == job_id == job["output"]["written_by"]
+    download = api.http.get(f"/v1/jobs/{job_id}/output", headers=api.headers())
+    assert download.status_code == 200
+    assert b"".join(download.streaming_content)[:1] != b""
+
+    # A replay after success answers 202 with the ended job and pays nothing more.
+    replay = api.create(media_body(input={"prompt": "a lighthouse at dusk", "render_s": 2}), key="e2e-1")
+    assert replay.status_code == 202
+    assert replay.json()["id"] == job_id and replay.json()["status"] == "succeeded"
+    time.sleep(1.5)  # longer than a poll interval: a woken job would have submitted by now
+    assert api.job(job_id)["status"] == "succeeded"
+    assert len(charges_for(ledger, job_id)) == 1
+    assert len(ledger.ledger()["charges"]) == 1
