@@ -142,7 +142,7 @@ PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/"
 # --- payonce -------------------------------------------------------------------------------------------
 
 OUTPUT_STORE_URL = env_str("OUTPUT_STORE_URL", "file://./var/outputs")
-SANDBOX_URL = env_str("SANDBOX_URL", "http://127.0.0.1:8100").rstrip("/")
+SANDBOX_URL = env_str("SANDBOX_URL", f"http://127.0.0.1:{env_int('SANDBOX_PORT', 8100)}").rstrip("/")
 WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 BUDGET_MONTHLY_CAP_USD = env_decimal("BUDGET_MONTHLY_CAP_USD", "20")
 REAL_PROVIDERS = env_bool("REAL_PROVIDERS", False)

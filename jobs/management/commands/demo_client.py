@@ -35,6 +35,6 @@ class Command(BaseCommand):
         body = '{"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "a lighthouse at dusk", "render_s": 2}}'
         self.stdout.write(
             f"  curl -s -X POST {base}/v1/jobs -H 'Authorization: Bearer {demo['api_key']}' "
-            f"-H 'Idempotency-Key: demo-$(date +%s)' -H 'Content-Type: application/json' -d '{body}'"
+            f'-H "Idempotency-Key: demo-$(date +%s)" -H \'Content-Type: application/json\' -d \'{body}\''
         )
         self.stdout.write(f"  curl -s {base}/v1/jobs -H 'Authorization: Bearer {demo['api_key']}'")
