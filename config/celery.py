@@ -3,12 +3,31 @@ worker process, so a broken receiver never slows paid work (API.md, "Processes")
 
 import os
 
+from pathlib import Path
+
 from celery import Celery
-from kombu import Queue
+from celery.beat import PersistentScheduler
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("payonce")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_queues = (Queue("jobs"), Queue("webhooks"))
+# Both queues hang off the default (nameless) exchange and are addressed by name. On Redis that means a
+# publish goes straight to the list and needs no binding keys, so a FLUSHALL (or a Redis restart, which
+# keeps nothing here) cannot leave publishers sending into an exchange that routes nowhere; on RabbitMQ
+# the default exchange routes by queue name natively.
+_default = Exchange("", type="direct")
+app.conf.task_queues = (Queue("jobs", _default, routing_key="jobs"), Queue("webhooks", _default, routing_key="webhooks"))
+app.conf.task_default_exchange = ""
+app.conf.task_default_routing_key = "jobs"
 app.autodiscover_tasks()
+
+
+class Scheduler(PersistentScheduler):
+    """beat's own scheduler, which first makes the directory of its schedule file (PAYONCE_VAR_DIR):
+    a fresh checkout has none yet."""
+
+    def setup_schedule(self):
+        Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)
+        super().setup_schedule()

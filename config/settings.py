@@ -154,6 +154,15 @@ WEBHOOK_RETRY_SCHEDULE = env_int_list("WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200
 # the threads pool cannot enforce Celery's time limits (below).
 PROVIDER_CONNECT_TIMEOUT_S = env_float("PROVIDER_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
 PROVIDER_READ_TIMEOUT_S = env_float("PROVIDER_READ_TIMEOUT_S", 30.0, minimum=0.1)
+# Leases (DESIGN.md, section 2). A step holds its lease while it works and renews it every third of
+# STEP_LEASE_S; a worker that died stops renewing and its step is taken over when the lease runs out. A
+# job's enqueue lease is how long a message sent for it may take to be picked up before the sweeper
+# sends another. Recovery after a dead worker or a flushed broker is bounded by SWEEP_INTERVAL_S plus
+# these leases, never by the broker's visibility timeout.
+STEP_LEASE_S = env_float("STEP_LEASE_S", 30.0, minimum=1.0)
+ENQUEUE_LEASE_S = env_float("ENQUEUE_LEASE_S", 60.0, minimum=1.0)
+# How long a second execution of a step waits for the first one's result before re-scheduling itself.
+ATTACH_WAIT_S = env_float("ATTACH_WAIT_S", 10.0, minimum=0.0)
 # How long a job may wait on an async provider before its attempt is given up (DESIGN.md, section 2).
 WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 50 * 60.0, minimum=1.0)
 
@@ -207,4 +216,8 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 4
 
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
 CELERY_TASK_ROUTES = {"webhooks.*": {"queue": "webhooks"}}
-CELERY_BEAT_SCHEDULE = {}
+CELERY_BEAT_SCHEDULER = "config.celery:Scheduler"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {"task": "jobs.sweep", "schedule": SWEEP_INTERVAL_S, "options": {"expires": SWEEP_INTERVAL_S}},
+}

@@ -10,20 +10,9 @@ from executor.providers import provider_for
 from executor.providers.base import ErrorClass, ProviderError
 from executor.registry import model_spec
 from executor.store import OutputKeyTaken, StoredObject, get_store
+from jobs.outcomes import JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
-
-
-class JobFailure(Exception):
-    """A definite end of the job's run with an API error code (OUTPUT_KEY_CONFLICT, PROVIDER_REFUSED, ...)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    def as_error(self) -> dict:
-        return {"code": self.code, "message": self.message}
 
 
 _CODE_FOR_CLASS = {
@@ -73,23 +62,51 @@ def media_submit(job, *, number: int = 1) -> dict:
         )
     except ProviderError as exc:
         if exc.outcome_unknown:
-            raise  # the caller retries with the same key
+            # The provider may have accepted it: the same key goes out again after a pause.
+            raise StepRetry(f"submit outcome unknown ({exc.kind}: {exc.message})") from exc
         raise JobFailure(_CODE_FOR_CLASS.get(exc.kind, "ATTEMPTS_EXHAUSTED"), exc.message) from exc
     return {"model": spec.name, "upstream_id": submission.upstream_id, "upstream_key": key,
             "submitted_at": time.time()}
 
 
-def media_poll(job, state: dict):
-    spec = model_spec(state["model"])
-    return provider_for(spec.provider).poll(spec.model, state["upstream_id"])
+def media_poll(job, submitted: dict) -> dict | None:
+    """Ask the provider about the render. None while it runs; its result once it succeeded."""
+    spec = model_spec(submitted["model"])
+    try:
+        result = provider_for(spec.provider).poll(spec.model, submitted["upstream_id"])
+    except ProviderError as exc:
+        raise StepRetry(f"poll failed ({exc.kind}: {exc.message})", countdown=settings.POLL_INTERVAL_S) from exc
+    if result.status == "running":
+        if time.time() - submitted["submitted_at"] > settings.WAIT_DEADLINE_S:
+            raise JobFailure("ATTEMPTS_EXHAUSTED", "the provider did not finish before the deadline")
+        return None
+    if result.status != "succeeded":
+        raise JobFailure("ATTEMPTS_EXHAUSTED", result.error or f"render {result.status} upstream")
+    return {"status": result.status, "output_url": result.output_url}
 
 
-def media_store(job, state: dict) -> dict:
+def media_cancel(job, submitted: dict) -> bool:
+    """Cancel the upstream render of a cancelled job where the provider can. Best effort, idempotent."""
+    spec = model_spec(submitted["model"])
+    if not spec.capabilities.cancel:
+        return False
+    try:
+        provider_for(spec.provider).cancel(spec.model, submitted["upstream_id"])
+    except ProviderError as exc:
+        logger.info("job %s: upstream cancel of %s answered %s", job.id, submitted["upstream_id"], exc)
+        return False
+    return True
+
+
+def media_store(job, submitted: dict, finished: dict) -> dict:
     """Download the finished media and write it create-only under the job's output key."""
-    spec = model_spec(state["model"])
-    payload = provider_for(spec.provider).fetch(state["output_url"])
+    spec = model_spec(submitted["model"])
+    try:
+        payload = provider_for(spec.provider).fetch(finished["output_url"])
+    except ProviderError as exc:
+        raise StepRetry(f"download failed ({exc.kind}: {exc.message})") from exc
     metadata = {"written_by": str(job.id), "provider": spec.provider, "model": spec.model,
-                "attempt": state.get("upstream_key")}
+                "attempt": submitted.get("upstream_key")}
     try:
         stored = get_store().put(job.output_key, payload, content_type=spec.content_type, metadata=metadata)
     except OutputKeyTaken as exc:

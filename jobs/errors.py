@@ -42,6 +42,16 @@ class InvalidRequest(ApiError):
     code = "INVALID_REQUEST"
 
 
+class JobTerminal(ApiError):
+    status_code = status.HTTP_409_CONFLICT
+    code = "JOB_TERMINAL"
+
+
+class JobNotRetryable(ApiError):
+    status_code = status.HTTP_409_CONFLICT
+    code = "JOB_NOT_RETRYABLE"
+
+
 class PayloadTooLarge(ApiError):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     code = "PAYLOAD_TOO_LARGE"

@@ -80,6 +80,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # The enqueue lease: a message sent for this job is expected to pick it up before then. Past it, with
+    # no live step lease and no step finished recently, the sweeper sends another (DESIGN.md, section 2).
+    lease_until = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
@@ -91,9 +94,11 @@ class Job(models.Model):
             # GET /v1/jobs: a client's jobs, newest first, optionally by status.
             models.Index(fields=["client", "-created_at", "-id"], name="job_client_created"),
             models.Index(fields=["client", "status", "-created_at"], name="job_client_status_created"),
-            # The sweeper looks only at jobs that may still move.
+            # The sweeper looks only at jobs that should be moving.
             models.Index(
-                fields=["updated_at"], name="job_open_updated", condition=Q(status__in=OPEN_STATUSES)
+                fields=["lease_until"],
+                name="job_moving_lease",
+                condition=Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]),
             ),
         ]
 
@@ -103,3 +108,39 @@ class Job(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status in OPEN_STATUSES
+
+
+class StepStatus(models.TextChoices):
+    RUNNING = "running"  # claimed: the holder of the lease is doing (or waiting on) the work
+    DONE = "done"  # finished; `result` is what every later delivery of the step returns
+    FAILED = "failed"  # ended the run with an error (kept in `result`)
+
+
+class Step(models.Model):
+    """A checkpoint: one named step of one run of a job (DESIGN.md, section 2).
+
+    A `done` step is never run again: a second delivery returns `result`. A `running` step belongs to
+    `lease_owner` until `lease_until`; the holder renews the lease while it works, and a step whose
+    lease ran out (its worker died) is taken over.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps")
+    run = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    result = models.JSONField(null=True, blank=True)
+    # How many executions claimed it (1 unless a lease ran out and another execution took over).
+    attempts = models.PositiveIntegerField(default=1)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One row per step per run: two executions of a step race on this key, and only one claims it.
+            models.UniqueConstraint(fields=["job", "run", "name"], name="step_job_run_name"),
+        ]
+
+    def __str__(self):
+        return f"{self.job_id} run {self.run} {self.name} ({self.status})"

@@ -4,10 +4,12 @@ import hashlib
 import json
 import logging
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import connection, transaction
-from django.db.models.functions import Coalesce
+from django.db.models import F
 from django.utils import timezone
 
 from executor.registry import model_spec
@@ -87,6 +89,7 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
         metadata=data["metadata"],
         created_at=now,
         updated_at=now,
+        lease_until=now + timedelta(seconds=settings.ENQUEUE_LEASE_S),
     )
     job, created = _insert_or_read(candidate)
     if job is None:
@@ -125,39 +128,105 @@ def _insert_or_read(candidate: Job) -> tuple[Job | None, bool]:
 
 def job_enqueue_on_commit(job: Job) -> None:
     """Start the job's run once the row is committed. A broker that is down loses nothing: the job stays
-    queued in Postgres and the sweeper starts it."""
-    job_id, run = job.id, job.run
-
-    def enqueue():
-        from jobs.tasks import start_run
-
-        try:
-            start_run(job_id, run)
-        except Exception:  # the broker is unreachable; the row is durable
-            logger.exception("could not enqueue job %s run %s; the sweeper will start it", job_id, run)
-
-    transaction.on_commit(enqueue)
+    queued in Postgres and the sweeper starts it when its enqueue lease runs out."""
+    job_id, run, kind = job.id, job.run, job.kind
+    transaction.on_commit(lambda: _enqueue_safely("start_run", job_id, run, kind))
 
 
 def job_mark_running(*, job_id: uuid.UUID) -> bool:
-    """queued -> running. Zero rows: the job was cancelled or already running (a redelivery)."""
+    """queued -> running. Zero rows: the job was cancelled, or is already running (a resumed run)."""
     now = timezone.now()
     return bool(
         Job.objects.filter(id=job_id, status=JobStatus.QUEUED).update(
-            status=JobStatus.RUNNING, started_at=Coalesce("started_at", now), updated_at=now
+            status=JobStatus.RUNNING, started_at=now, updated_at=now
         )
     )
+
+
+_EVENT_FOR = {
+    JobStatus.SUCCEEDED: "generation.succeeded",
+    JobStatus.FAILED: "generation.failed",
+    JobStatus.CANCELLED: "generation.cancelled",
+}
+
+
+def _emit(job_id: uuid.UUID, event: str) -> Job:
+    """Write the outbox row for the state change just made, in its transaction."""
+    from jobs.serializers import JobSerializer
+    from webhooks.services import delivery_create
+
+    job = Job.objects.select_related("client").get(id=job_id)
+    delivery_create(job=job, event=event, data=JobSerializer(job).data)
+    return job
 
 
 def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, error: dict | None = None) -> bool:
     """End a job. The only function that does: first terminal state wins (DESIGN.md, "Job lifecycle").
 
-    One conditional UPDATE on the open states; a writer that gets zero rows back lost the race (another
-    writer ended the job first) and must write nothing else.
+    One conditional UPDATE on the open states. The winner writes the terminal event's outbox row in
+    the same transaction; a writer that gets zero rows back lost the race (a success, a failure and a
+    cancel can all try at once) and writes nothing.
     """
-    assert status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+    assert status in _EVENT_FOR, status
     now = timezone.now()
-    won = Job.objects.filter(id=job_id, status__in=OPEN_STATUSES).update(
-        status=status, output=output, error=error, completed_at=now, updated_at=now
+    with transaction.atomic(savepoint=False):
+        won = Job.objects.filter(id=job_id, status__in=OPEN_STATUSES).update(
+            status=status, output=output, error=error, completed_at=now, updated_at=now
+        )
+        if not won:
+            return False  # another writer ended the job first
+        _emit(job_id, _EVENT_FOR[status])
+    return True
+
+
+def job_cancel(*, job: Job) -> bool:
+    """An API cancel: final. Only the writer that wins the conditional update queues the event, and the
+    executor is told on commit so it can cancel upstream work (a dead worker is never a cancel)."""
+    won = job_finish(
+        job_id=job.id, status=JobStatus.CANCELLED, error={"code": "CANCELLED", "message": "Cancelled by the client."}
     )
-    return bool(won)
+    if won:
+        job_id, run = job.id, job.run
+        transaction.on_commit(lambda: _enqueue_safely("cancel_upstream", job_id, run))
+    return won
+
+
+def job_hold(*, job_id: uuid.UUID, run: int, error: dict) -> bool:
+    """running -> waiting: a person must decide (an uncertain submit, a review). Emits needs_review."""
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):
+        held = Job.objects.filter(id=job_id, run=run, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).update(
+            status=JobStatus.WAITING, error=error, updated_at=now
+        )
+        if not held:
+            return False  # cancelled, or ended by another writer
+        _emit(job_id, "generation.needs_review")
+    return True
+
+
+def job_retry(*, job: Job) -> Job | None:
+    """A person's decision to pay again: a failed or waiting job starts its next run, queued.
+
+    The conditional UPDATE on (failed, waiting) decides races between two retries and a cancel: one
+    retry wins, the other sees zero rows. Returns the job in its new run, or None if not retryable.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        won = Job.objects.filter(id=job.id, status__in=[JobStatus.FAILED, JobStatus.WAITING]).update(
+            status=JobStatus.QUEUED, run=F("run") + 1, output=None, error=None, started_at=None,
+            completed_at=None, updated_at=now, lease_until=now + timedelta(seconds=settings.ENQUEUE_LEASE_S),
+        )
+        if not won:
+            return None
+        job = Job.objects.get(id=job.id)
+        job_enqueue_on_commit(job)
+    return job
+
+
+def _enqueue_safely(name: str, *args) -> None:
+    from jobs import tasks
+
+    try:
+        getattr(tasks, name)(*args)
+    except Exception:  # the broker is unreachable; Postgres holds the state and the sweeper recovers
+        logger.exception("could not enqueue %s%r; the sweeper will pick it up", name, args)

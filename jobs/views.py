@@ -20,6 +20,8 @@ from jobs.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
     InvalidRequest,
+    JobNotRetryable,
+    JobTerminal,
     PayloadTooLarge,
     UnsupportedMediaType,
 )
@@ -141,10 +143,38 @@ class JobListCreateView(APIView):
 class JobDetailView(APIView):
     @extend_schema(operation_id="jobs_retrieve", responses={200: JobSerializer, 401: _ERROR, 404: _ERROR})
     def get(self, request, job_id):
-        job = Job.objects.filter(client=request.user, id=job_id).first()
-        if job is None:
-            raise NotFound("Not found.")
+        return Response(JobSerializer(_own_job(request, job_id)).data)
+
+
+def _own_job(request, job_id) -> Job:
+    job = Job.objects.filter(client=request.user, id=job_id).first()
+    if job is None:
+        raise NotFound("Not found.")
+    return job
+
+
+class JobCancelView(APIView):
+    @extend_schema(operation_id="jobs_cancel", request=None, responses={200: JobSerializer, 404: _ERROR, 409: _ERROR})
+    def post(self, request, job_id):
+        job = _own_job(request, job_id)
+        if not services.job_cancel(job=job):
+            job.refresh_from_db()
+            raise JobTerminal(f"The job has already ended ({job.status}).", status=job.status)
+        job.refresh_from_db()
         return Response(JobSerializer(job).data)
+
+
+class JobRetryView(APIView):
+    @extend_schema(operation_id="jobs_retry", request=None, responses={202: JobSerializer, 404: _ERROR, 409: _ERROR})
+    def post(self, request, job_id):
+        job = _own_job(request, job_id)
+        retried = services.job_retry(job=job)
+        if retried is None:
+            job.refresh_from_db()
+            raise JobNotRetryable(
+                f"Only failed or waiting jobs can be retried; this one is {job.status}.", status=job.status
+            )
+        return Response(JobSerializer(retried).data, status=202)
 
 
 class JobOutputView(APIView):

@@ -12,7 +12,7 @@ from django.core.servers import basehttp
 from django.test import Client as DjangoClient
 
 from jobs.services import client_create
-from tests.support.procs import WorkerProcess
+from tests.support.procs import ProcfileProcess
 from tests.support.sandbox import SandboxProcess
 
 # pytest-django's live_server listens with a backlog of 10; the race tests open 50 connections at once.
@@ -47,7 +47,7 @@ def empty_broker():
 def jobs_worker(django_db_setup, django_db_blocker, sandbox, empty_broker):
     """One `worker` process as the Procfile starts it (threads pool), on the test database."""
     with django_db_blocker.unblock():
-        worker = WorkerProcess(queue="jobs", concurrency=8).start()
+        worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8}).start()
     yield worker
     worker.stop()
 
@@ -102,3 +102,33 @@ def media_body(**overrides) -> dict:
     }
     body.update(overrides)
     return body
+
+
+def concurrently(*calls):
+    """Run the callables at the same moment (a barrier releases them together), each in its own thread
+    with its own database connection; return their results in order, re-raising the first error."""
+    import threading
+
+    from django.db import connections
+
+    barrier = threading.Barrier(len(calls))
+    results: list = [None] * len(calls)
+    errors: list = []
+
+    def run(index, call):
+        try:
+            barrier.wait()
+            results[index] = call()
+        except BaseException as exc:  # surfaced in the test's thread below
+            errors.append(exc)
+        finally:
+            connections.close_all()  # give the pooled connection back
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results

@@ -26,3 +26,43 @@ class SigningSecret(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+
+
+class Delivery(models.Model):
+    """The transactional outbox: one row per event, written in the same transaction as the state change
+    it reports, so an event exists if and only if the state changed (DESIGN.md, section 5).
+
+    The id `{job_id}:{run}:{event}` is the `webhook-id` of every try; inserting it again does nothing.
+    `envelope` keeps the exact bytes that are signed and sent.
+    """
+
+    id = models.CharField(primary_key=True, max_length=200)
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="deliveries")
+    client = models.ForeignKey("jobs.Client", on_delete=models.CASCADE, related_name="deliveries")
+    run = models.PositiveIntegerField()
+    event = models.CharField(max_length=64)
+    # The target chosen when the event happened: the job's webhook_url, else the client's endpoint.
+    url = models.CharField(max_length=2048, blank=True, default="")
+    envelope = models.TextField()
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["next_attempt_at"], name="delivery_due", condition=models.Q(status="pending")),
+        ]
+        verbose_name_plural = "deliveries"
+
+    def __str__(self):
+        return self.id

@@ -91,5 +91,8 @@ class SandboxProvider:
             raw=data,
         )
 
+    def cancel(self, model: str, upstream_id: str) -> None:
+        self._call("POST", f"/v1/generations/{upstream_id}/cancel")
+
     def fetch(self, url: str) -> bytes:
         return self._call("GET", url).content

@@ -1,22 +1,32 @@
-"""Real payonce processes for end-to-end tests: Celery workers started as the Procfile starts them,
-pointed at the test database, the test broker and the test sandbox."""
+"""Real payonce processes for end-to-end tests, started exactly as the Procfile starts them, pointed at
+the test database, a test broker and the test sandbox, and stopped or killed by their PID."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import requests
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def procfile_command(name: str) -> str:
+    for line in (REPO_ROOT / "Procfile").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return line.split(":", 1)[1].strip()
+    raise KeyError(name)
 
 
 def process_env(**overrides) -> dict:
     """The environment of a payonce process started by the tests: the test session's settings, with the
     database the test runner created (test_<name>), not the development one."""
+    import sys
+
     from django.conf import settings
     from django.db import connection
 
@@ -26,6 +36,7 @@ def process_env(**overrides) -> dict:
     port = db["PORT"] or "5432"
     env = {
         **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": f"postgres://{auth}{host}:{port}/{db['NAME']}",
         "BROKER_URL": settings.CELERY_BROKER_URL,
@@ -39,43 +50,42 @@ def process_env(**overrides) -> dict:
     return env
 
 
-class WorkerProcess:
-    """`celery -A config worker` on one queue, as a real process, stopped or killed by its PID."""
+class ProcfileProcess:
+    """One Procfile process (web, worker, webhooks, beat) as a real process in its own process group."""
 
-    def __init__(self, queue: str = "jobs", concurrency: int = 8, pool: str = "threads", env: dict | None = None):
-        self.queue = queue
-        self.concurrency = concurrency
-        self.pool = pool
+    READY = {"worker": " ready.", "webhooks": " ready.", "beat": "beat: Starting"}
+
+    def __init__(self, name: str, env: dict | None = None, command: str | None = None):
+        self.name = name
         self.env = env or {}
+        self.command = command or procfile_command(name)
         self.proc: subprocess.Popen | None = None
-        self.log_path = Path(tempfile.mkdtemp(prefix="payonce-worker-")) / "worker.log"
-        self.starts = 0
+        self.log_path = Path(tempfile.mkdtemp(prefix=f"payonce-{name}-")) / f"{name}.log"
+        self.port = self.env.get("PORT")
 
-    def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "celery", "-A", "config", "worker",
-            "-Q", self.queue, "--pool", self.pool, "--concurrency", str(self.concurrency),
-            "--hostname", f"test-{self.queue}-{os.getpid()}-{self.starts}@%h",
-            "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-        ]
-
-    def start(self, timeout: float = 30.0) -> "WorkerProcess":
-        self.starts += 1
+    def start(self, timeout: float = 30.0) -> "ProcfileProcess":
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.command(), cwd=REPO_ROOT, env=process_env(**self.env), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["bash", "-c", f"exec {self.command}"], cwd=REPO_ROOT, env=process_env(**self.env),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.output()[-4000:]}")
-            if " ready." in self.output(offset):
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.output()[-4000:]}")
+            if self._ready(offset):
                 return self
             time.sleep(0.1)
-        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.output()[-4000:]}")
+        raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.output()[-4000:]}")
+
+    def _ready(self, offset: int) -> bool:
+        if self.name == "web":
+            try:
+                return requests.get(f"http://127.0.0.1:{self.port}/v1/schema", timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+        return self.READY[self.name] in self.output(offset)
 
     def output(self, offset: int = 0) -> str:
         try:
@@ -85,15 +95,27 @@ class WorkerProcess:
         except FileNotFoundError:
             return ""
 
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def children(self) -> list[int]:
+        """PIDs of the process's children (prefork pool processes)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as handle:
+                return [int(pid) for pid in handle.read().split()]
+        except FileNotFoundError:
+            return []
+
     def kill(self) -> None:
-        """SIGKILL the whole worker (its process group): no shutdown, no acks, as a crash."""
-        if self.proc and self.proc.poll() is None:
+        """SIGKILL the whole process group: no shutdown, no acknowledgements, as a crash."""
+        if self.alive:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # warm shutdown: finish the running tasks
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # warm shutdown: finish the running tasks
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:

@@ -1,0 +1,29 @@
+"""What a step can say besides returning a result. Raised by step functions (and the executor they
+call), handled in one place: the step runner (jobs.runner)."""
+
+
+class JobFailure(Exception):
+    """A definite end of the run: the job fails with an API error code (OUTPUT_KEY_CONFLICT, ...)."""
+
+    def __init__(self, code: str, message: str, **details):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def as_error(self) -> dict:
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+class JobHold(JobFailure):
+    """The run cannot go on without a person: the job goes to `waiting` (UNCERTAIN_SUBMIT, ...)."""
+
+
+class StepRetry(Exception):
+    """The step's outcome is not known yet (a transport error, a 5xx): run the same step again later.
+    `countdown` None lets the runner back off by how often the step was tried."""
+
+    def __init__(self, reason: str, countdown: float | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.countdown = countdown

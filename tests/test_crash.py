@@ -1,0 +1,119 @@
+"""The crash suite: 30 paid renders while the worker is SIGKILLed and restarted again and again and the
+broker loses every message once. All 30 must succeed, and the sandbox's ledger must show 30 charges:
+one per job, under its first upstream key.
+
+Everything is a real process: `web`, `worker` and `beat` as the Procfile starts them (beat runs the
+sweeper every second here), the sandbox provider, PostgreSQL, and Redis or RabbitMQ.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import requests
+from kombu import Connection
+
+from config.celery import app as celery_app
+from jobs.models import Job
+from jobs.services import client_create
+from tests.support.procs import ProcfileProcess
+from tests.support.sandbox import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+JOBS = 30
+# Short leases so that recovery (sweep interval + lease) fits a test; production defaults are 10/30/60 s.
+FAST_RECOVERY = {"SWEEP_INTERVAL_S": 1, "STEP_LEASE_S": 3, "ENQUEUE_LEASE_S": 4, "POLL_INTERVAL_S": 0.5,
+                 "WORKER_CONCURRENCY": 8}
+PREFORK_WORKER = ("celery -A config worker -Q jobs --pool prefork --concurrency 2 --hostname jobs@%h "
+                  "--without-gossip --without-mingle --loglevel INFO")
+
+SCENARIOS = {
+    # broker URL, worker command (None: the Procfile's), how the broker loses its messages
+    "redis": ("redis://127.0.0.1:6379/12", None, "flushall"),
+    "redis-prefork-children": ("redis://127.0.0.1:6379/12", PREFORK_WORKER, "flushall"),
+    "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672//", None, "purge"),
+}
+
+
+def lose_every_message(broker_url: str, how: str) -> None:
+    with Connection(broker_url) as conn:
+        if how == "flushall":
+            conn.default_channel.client.flushall()  # every queued and unacknowledged message, all databases
+        else:
+            conn.default_channel.queue_purge("jobs")  # RabbitMQ: every ready message of the jobs queue
+
+
+@pytest.fixture
+def stack(request, ledger):
+    broker_url, worker_command, how = SCENARIOS[request.param]
+    with Connection(broker_url) as conn:  # a broker left with messages by an earlier run would skew the count
+        conn.ensure_connection(max_retries=3)
+        jobs_queue = celery_app.amqp.queues["jobs"](conn.default_channel)
+        jobs_queue.declare()  # exactly as the workers declare it
+        jobs_queue.purge()
+    env = {**FAST_RECOVERY, "BROKER_URL": broker_url, "PORT": free_port()}
+    processes = {
+        "web": ProcfileProcess("web", env),
+        "worker": ProcfileProcess("worker", env, command=worker_command),
+        "beat": ProcfileProcess("beat", env),
+    }
+    try:
+        for process in processes.values():
+            process.start()
+        yield processes, broker_url, how
+    finally:
+        for process in processes.values():
+            process.stop()
+
+
+@pytest.mark.parametrize("stack", list(SCENARIOS), indirect=True)
+def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(stack, ledger):
+    processes, broker_url, how = stack
+    worker = processes["worker"]
+    credentials = client_create(name="crash")
+    url = f"http://127.0.0.1:{processes['web'].port}/v1/jobs"
+    headers = {"Authorization": f"Bearer {credentials['api_key']}"}
+    job_ids = []
+    for n in range(JOBS):
+        body = {"kind": "media", "models": ["sandbox/video-keyed"],
+                "input": {"prompt": f"render {n}", "render_s": 2 + (n % 11) / 10}}
+        response = requests.post(url, json=body, headers={**headers, "Idempotency-Key": f"crash-{n}"}, timeout=10)
+        assert response.status_code == 201, response.text
+        job_ids.append(response.json()["id"])
+
+    kills = 0
+    for round_ in range(4):
+        time.sleep(1.0)
+        if worker.children() and round_ % 2 == 0:
+            for child in worker.children():  # a pool process dies under its task
+                os.kill(child, signal.SIGKILL)
+        else:
+            worker.kill()  # the whole worker dies: no shutdown, no acknowledgements
+            time.sleep(0.5)
+            worker.start()
+        kills += 1
+        if round_ == 1:
+            lose_every_message(broker_url, how)
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        open_jobs = Job.objects.filter(id__in=job_ids, status__in=["queued", "running", "waiting"]).count()
+        if open_jobs == 0:
+            break
+        time.sleep(0.5)
+    statuses = dict(Job.objects.filter(id__in=job_ids).values_list("id", "status"))
+    assert sorted(set(map(str, statuses.values()))) == ["succeeded"], statuses
+    assert kills == 4
+    if how == "flushall":
+        # Redis lost every message, queued and unacknowledged: the jobs finished because the sweeper
+        # resumed them from PostgreSQL, not because the broker gave anything back.
+        assert "sweeper: resuming" in worker.output()
+
+    charges = ledger.ledger()["charges"]
+    per_job = {job_id: [c for c in charges if c["metadata"].get("payonce_job") == job_id] for job_id in job_ids}
+    assert len(charges) == JOBS, f"{len(charges)} charges for {JOBS} jobs"
+    for job_id, job_charges in per_job.items():
+        assert len(job_charges) == 1, (job_id, job_charges)
+        assert job_charges[0]["request_id"] == f"payonce-{job_id}-1"
