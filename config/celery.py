@@ -2,7 +2,7 @@
 worker process, so a broken receiver never slows paid work (API.md, "Processes")."""
 
 import os
-
+from functools import lru_cache
 from pathlib import Path
 
 from celery import Celery
@@ -22,6 +22,22 @@ app.conf.task_queues = (Queue("jobs", _default, routing_key="jobs"), Queue("webh
 app.conf.task_default_exchange = ""
 app.conf.task_default_routing_key = "jobs"
 app.autodiscover_tasks()
+
+
+@app.task(name="payonce.noop", ignore_result=True)
+def noop(counter: str | None = None) -> None:
+    """Does nothing: a liveness probe (`celery -A config call payonce.noop`) and the floor of
+    bench/e2e_throughput.py (a bare chain of these is the least a job can cost in messages). With
+    `counter`, it counts itself in Redis so the bench can see a chain finish."""
+    if counter:
+        _counter_client().incr(counter)
+
+
+@lru_cache(maxsize=1)
+def _counter_client():
+    from redis import Redis
+
+    return Redis.from_url(app.conf.broker_url)
 
 
 class Scheduler(PersistentScheduler):

@@ -1,7 +1,22 @@
 """Small SQL helpers the ORM does not offer: an INSERT that does nothing on conflict and says whether it
 inserted (the primitive under every "second call sees the first" guarantee)."""
 
+from functools import lru_cache
+
 from django.db import connection
+
+
+@lru_cache(maxsize=None)
+def _insert_sql(model, conflict: str | None) -> tuple[str, tuple]:
+    fields = tuple(f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning))
+    quote = connection.ops.quote_name
+    target = f" ON CONSTRAINT {quote(conflict)}" if conflict else ""
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)})"
+        f" VALUES ({', '.join('%s' for _ in fields)})"
+        f" ON CONFLICT{target} DO NOTHING RETURNING {quote(model._meta.pk.column)}"
+    )
+    return sql, fields
 
 
 def insert_ignore(instance, *, conflict: str | None = None) -> bool:
@@ -10,15 +25,8 @@ def insert_ignore(instance, *, conflict: str | None = None) -> bool:
     `conflict` names a constraint (ON CONFLICT ON CONSTRAINT ...); without it any unique key counts.
     """
     model = type(instance)
-    fields = model._meta.concrete_fields
-    quote = connection.ops.quote_name
-    target = f" ON CONSTRAINT {quote(conflict)}" if conflict else ""
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields if not _auto(f))})"
-        f" VALUES ({', '.join('%s' for f in fields if not _auto(f))})"
-        f" ON CONFLICT{target} DO NOTHING RETURNING {quote(model._meta.pk.column)}"
-    )
-    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields if not _auto(f)]
+    sql, fields = _insert_sql(model, conflict)
+    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         row = cursor.fetchone()
@@ -27,7 +35,3 @@ def insert_ignore(instance, *, conflict: str | None = None) -> bool:
     setattr(instance, model._meta.pk.attname, row[0])
     instance._state.adding = False
     return True
-
-
-def _auto(field) -> bool:
-    return getattr(field, "db_returning", False) and field.primary_key

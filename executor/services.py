@@ -66,11 +66,14 @@ def media_submit(job, *, number: int = 1) -> dict:
             raise StepRetry(f"submit outcome unknown ({exc.kind}: {exc.message})") from exc
         raise JobFailure(_CODE_FOR_CLASS.get(exc.kind, "ATTEMPTS_EXHAUSTED"), exc.message) from exc
     return {"model": spec.name, "upstream_id": submission.upstream_id, "upstream_key": key,
-            "submitted_at": time.time()}
+            "submitted_at": time.time(), "status": submission.status, "output_url": submission.output_url}
 
 
 def media_poll(job, submitted: dict) -> dict | None:
-    """Ask the provider about the render. None while it runs; its result once it succeeded."""
+    """Ask the provider about the render. None while it runs; its result once it succeeded. A render
+    the provider reported finished in its answer to the submit needs no poll."""
+    if submitted.get("status") == "succeeded" and submitted.get("output_url"):
+        return {"status": "succeeded", "output_url": submitted["output_url"]}
     spec = model_spec(submitted["model"])
     try:
         result = provider_for(spec.provider).poll(spec.model, submitted["upstream_id"])

@@ -4,9 +4,9 @@ Writes are create-only, so two writers can never both land on one key; `head` te
 own output is already there (then nothing is paid again) or another job's is (a conflict).
 """
 
+import itertools
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -37,46 +37,52 @@ class OutputKeyTaken(Exception):
 
 
 class FileStore:
-    """Objects under `root/data/<key>`, their metadata under `root/meta/<key>.json`.
+    """Objects at `root/<key>`; each object's metadata beside it, at `root/<dir>/.<name>.payonce.json`
+    (keys may not have parts that start with a dot, so the two never meet).
 
     A write first claims the key by linking its metadata file into place (`os.link` fails if the name
-    exists: an exclusive create), then links the fully written bytes. A claim left without bytes by a
-    crash belongs to the job named in it, which completes it on its next pass.
+    exists: an exclusive create, and the file is complete when it appears), then links the fully written
+    and fsynced bytes the same way. A claim left without bytes by a crash belongs to the job named in
+    it, which completes it on its next pass.
     """
+
+    _names = itertools.count()
 
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
 
-    def _paths(self, key: str) -> tuple[Path, Path]:
-        data = (self.root / "data" / key).resolve()
-        meta = (self.root / "meta" / (key + ".json")).resolve()
-        for path in (data, meta):
-            if self.root not in path.parents:
-                raise ValueError(f"output key {key!r} leaves the store")
-        return data, meta
+    def _paths(self, key: str) -> tuple[str, str]:
+        # Keys are validated at submit; checked again here, lexically.
+        parts = key.split("/")
+        if key.startswith("/") or any(not part or part.startswith(".") for part in parts) or "\x00" in key:
+            raise ValueError(f"output key {key!r} is not a store key")
+        data = os.path.join(self.root, key)
+        directory, name = os.path.split(data)
+        return data, os.path.join(directory, f".{name}.payonce.json")
 
     def head(self, key: str) -> StoredObject | None:
         data, meta = self._paths(key)
         try:
-            info = json.loads(meta.read_text())
+            with open(meta, "rb") as handle:
+                info = json.loads(handle.read())
         except FileNotFoundError:
             return None
         try:
-            size = data.stat().st_size
+            size = os.stat(data).st_size
         except FileNotFoundError:
             return StoredObject(key, None, info.get("content_type", ""), info["metadata"], complete=False)
         return StoredObject(key, size, info.get("content_type", ""), info["metadata"])
 
-    @staticmethod
-    def _link_new(path: Path, payload: bytes) -> bool:
+    def _link_new(self, path: str, payload: bytes, *, durable: bool) -> bool:
         """Write payload to a temporary file and link it to `path`; False if `path` already exists."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        tmp = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{next(self._names)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    handle.flush()
+                    os.fsync(handle.fileno())
             os.link(tmp, path)
             return True
         except FileExistsError:
@@ -87,15 +93,18 @@ class FileStore:
     def put(self, key: str, payload: bytes, *, content_type: str, metadata: dict) -> StoredObject:
         """Create-only write. Raises OutputKeyTaken if another job holds the key."""
         data, meta = self._paths(key)
+        os.makedirs(os.path.dirname(data), exist_ok=True)
         claim = json.dumps({"content_type": content_type, "metadata": metadata}, sort_keys=True).encode()
-        if not self._link_new(meta, claim):
+        # The claim needs no fsync: lost in a power failure, it is written again on the next pass, and
+        # the bytes (fsynced) are never replaced by another job's because their link is create-only.
+        if not self._link_new(meta, claim, durable=False):
             existing = self.head(key)
             if existing is None or existing.written_by != metadata.get("written_by"):
                 raise OutputKeyTaken(existing or StoredObject(key, None, "", {}, complete=False))
             if existing.complete:
                 return existing  # our own earlier write landed: a completed upload is idempotent
             metadata = existing.metadata  # complete our own claim, keeping what it recorded
-        self._link_new(data, payload)
+        self._link_new(data, payload, durable=True)
         return StoredObject(key, len(payload), content_type, metadata)
 
     def open(self, key: str):

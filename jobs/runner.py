@@ -19,9 +19,10 @@ import logging
 import random
 import threading
 import time
-from contextlib import contextmanager
+import uuid
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Callable
 
 from django.conf import settings
@@ -29,7 +30,6 @@ from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from config.sql import insert_ignore
 from jobs import services
 from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.outcomes import JobFailure, JobHold, StepRetry
@@ -77,6 +77,12 @@ class Stage:
     steps: tuple[StepSpec, ...] = ()
     fanout: FanOutSpec | None = None
 
+    @property
+    def waits(self) -> bool:
+        """A stage that polls: as a later link of a chain it is sent with a countdown (the stage before
+        it already polled once, inline)."""
+        return any(spec.effect is Effect.WAIT for spec in self.steps)
+
     def step_names(self) -> list[str]:
         return [self.fanout.join_name] if self.fanout else [spec.name for spec in self.steps]
 
@@ -108,6 +114,11 @@ class Continue:
 
 
 @dataclass(frozen=True)
+class Done:
+    """The run went through its last stage: nothing is left for the chain."""
+
+
+@dataclass(frozen=True)
 class Stop:
     """Nothing more for this chain: the job ended, moved on to another run, or someone else carries it."""
 
@@ -135,16 +146,43 @@ class Resume:
 
     kind: str
     stage_index: int
+    countdown: float = 0.0
 
 
 # --- context -----------------------------------------------------------------------------------------------
 
 
 @dataclass
+class StepRow:
+    """What the runner needs of a `Step` row (read with plain SQL: this is the hot path of every job)."""
+
+    id: int
+    name: str
+    status: str
+    result: object = None
+    attempts: int = 1
+    lease_owner: str = ""
+    lease_until: datetime | None = None
+
+
+@dataclass
 class StepContext:
+    """One execution of a task on one job.
+
+    Leases name their holder. `owner` is this execution (the task id plus a nonce: two deliveries of one
+    message are two executions); `task_id` alone is what a step that backs off reserves its lease for,
+    so the task sent again after the pause takes it back; `chain` (the Celery root id, shared by every
+    link and re-send of one chain) holds a polling step's lease across polls and links.
+    """
+
     job: Job
-    owner: str  # who holds leases for this execution (the Celery task id)
-    rows: dict[str, Step] = field(default_factory=dict)
+    task_id: str
+    chain: str
+    owner: str = ""
+    rows: dict[str, StepRow] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.owner = self.owner or f"{self.task_id}#{uuid.uuid4().hex[:8]}"
 
     @property
     def run(self) -> int:
@@ -162,44 +200,86 @@ class _LostRace(Exception):
 # --- entry points ------------------------------------------------------------------------------------------
 
 
-def _load(job_id, run: int, owner: str) -> tuple[StepContext | None, Stop | None]:
-    job = Job.objects.filter(id=job_id).first()
+# The job and the steps of its current run, in one statement.
+_LOAD_SQL = """
+SELECT j.*, (SELECT coalesce(json_agg(json_build_object(
+                 'id', s.id, 'name', s.name, 'status', s.status, 'result', s.result, 'attempts', s.attempts,
+                 'lease_owner', s.lease_owner, 'lease_until', s.lease_until)), '[]'::json)
+               FROM jobs_step s WHERE s.job_id = j.id AND s.run = j.run) AS step_rows
+  FROM jobs_job j WHERE j.id = %s
+"""
+
+
+def _load(job_id, run: int, owner: str, chain: str | None) -> tuple[StepContext | None, Stop | None]:
+    job = next(iter(Job.objects.raw(_LOAD_SQL, [job_id])), None)
     if job is None:
         return None, Stop("no such job")
     if job.run != run:
         return None, Stop(f"run {run} was replaced by run {job.run}")
-    ctx = StepContext(job=job, owner=owner)
+    ctx = StepContext(job=job, task_id=owner, chain=chain or owner)
+    for row in job.step_rows:
+        lease_until = datetime.fromisoformat(row["lease_until"]) if row["lease_until"] else None
+        ctx.rows[row["name"]] = StepRow(**{**row, "lease_until": lease_until})
     if job.status == JobStatus.CANCELLED:
-        ctx.rows = {row.name: row for row in Step.objects.filter(job=job, run=run)}
         recipe = RECIPES[job.kind]
         if recipe.on_cancel is not None:
             recipe.on_cancel(ctx)
         return None, Stop("cancelled")
     if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
         return None, Stop(f"job is {job.status}")
-    ctx.rows = {row.name: row for row in Step.objects.filter(job=job, run=run)}
     return ctx, None
 
 
-def run_stage(*, job_id, run: int, stage: str, owner: str):
-    """Run one stage of a job's run. Returns Continue, Stop, Later, FanOut or Resume."""
-    ctx, stop = _load(job_id, run, owner)
+def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None):
+    """Run a stage of a job's run, then the stages after it, inline, for as long as none has to wait: a
+    render the provider finished at submit needs no message to wait for it.
+
+    Returns Later (run this stage again after a pause: a poll, a back-off), Continue (a later stage has
+    to wait: the chain's next link, sent with a countdown, runs it), Done (the run went through its last
+    stage: the chain's remaining links are not needed), Stop, FanOut or Resume.
+    """
+    ctx, stop = _load(job_id, run, owner, chain)
     if stop:
         return stop
     recipe = RECIPES[ctx.job.kind]
-    current = recipe.stages[recipe.index(stage)]
-    if current.fanout is not None:
-        return _fan_out(ctx, recipe, current)
-    for spec in current.steps:
-        outcome = _run_step(ctx, spec)
+    first = recipe.index(stage)
+    for index in range(first, len(recipe.stages)):
+        outcome = _run_one_stage(ctx, recipe, recipe.stages[index])
+        if isinstance(outcome, Continue):
+            continue
+        if isinstance(outcome, Later) and index > first:
+            # A later stage has to wait: hand it over. The chain's next link is that stage, sent with
+            # a countdown; a stage further on is resumed with a chain of its own.
+            return Continue() if index == first + 1 else Resume(ctx.job.kind, index, outcome.countdown)
+        return outcome
+    return Done()
+
+
+def _run_one_stage(ctx: StepContext, recipe: Recipe, stage: Stage):
+    if stage.fanout is not None:
+        return _fan_out(ctx, recipe, stage)
+    for group in _groups(stage.steps):
+        outcome = _run_step(ctx, *group)
         if outcome is not None:
             return outcome
     return Continue()
 
 
-def run_substep(*, job_id, run: int, stage: str, key: str, owner: str):
+def _groups(specs) -> list[list[StepSpec]]:
+    """Consecutive database-only steps share one transaction (each still its own row); any other step
+    stands alone, because it talks to the network and no transaction stays open across that."""
+    groups: list[list[StepSpec]] = []
+    for spec in specs:
+        if spec.effect is Effect.DB and groups and groups[-1][-1].effect is Effect.DB:
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return groups
+
+
+def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: str | None = None):
     """Run one sub-step of a fan-out stage, then join the stage if every sub-step has ended."""
-    ctx, stop = _load(job_id, run, owner)
+    ctx, stop = _load(job_id, run, owner, chain)
     if stop:
         return stop
     recipe = RECIPES[ctx.job.kind]
@@ -217,7 +297,7 @@ def run_substep(*, job_id, run: int, stage: str, key: str, owner: str):
 
 def stop_cancelled(*, job_id, run: int, owner: str) -> Stop:
     """Run the recipe's cancel hook if the job was cancelled (loading it does exactly that)."""
-    _, stop = _load(job_id, run, owner)
+    _, stop = _load(job_id, run, owner, None)
     return stop or Stop("not cancelled")
 
 
@@ -234,15 +314,21 @@ def resume_point(job: Job) -> int | None:
 # --- one step ----------------------------------------------------------------------------------------------
 
 
-def _run_step(ctx: StepContext, spec: StepSpec, *, fail_job: bool = True):
-    row = ctx.rows.get(spec.name)
-    if row is not None and row.status == StepStatus.DONE:
-        return None  # a completed step is never re-run
-    if row is not None and row.status == StepStatus.FAILED:
-        return Stop(f"step {spec.name} failed")
+def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True):
+    """Run one step (or a group of database-only steps) unless it is done; end the job on a failure."""
+    pending = []
+    for spec in specs:
+        row = ctx.rows.get(spec.name)
+        if row is not None and row.status == StepStatus.FAILED:
+            return Stop(f"step {spec.name} failed")
+        if row is None or row.status != StepStatus.DONE:  # a completed step is never re-run
+            pending.append(spec)
+    if not pending:
+        return None
+    spec = pending[0]
     try:
         if spec.effect is Effect.DB:
-            return _run_db(ctx, spec)
+            return _run_db(ctx, pending)
         if spec.effect is Effect.READ:
             return _run_read(ctx, spec)
         if spec.effect is Effect.EXTERNAL:
@@ -253,25 +339,33 @@ def _run_step(ctx: StepContext, spec: StepSpec, *, fail_job: bool = True):
             raise
         with transaction.atomic():
             services.job_hold(job_id=ctx.job.id, run=ctx.run, error=hold.as_error())
-            _upsert_ended(ctx, spec.name, StepStatus.FAILED, {"error": hold.as_error()})
+            _upsert_ended(ctx, getattr(hold, "step", spec.name), StepStatus.FAILED, {"error": hold.as_error()})
         return Stop(f"held: {hold.code}")
     except JobFailure as failure:
         if not fail_job:
             raise
         with transaction.atomic():
             services.job_finish(job_id=ctx.job.id, status=JobStatus.FAILED, error=failure.as_error())
-            _upsert_ended(ctx, spec.name, StepStatus.FAILED, {"error": failure.as_error()})
+            _upsert_ended(ctx, getattr(failure, "step", spec.name), StepStatus.FAILED, {"error": failure.as_error()})
         return Stop(f"failed: {failure.code}")
 
 
-def _run_db(ctx: StepContext, spec: StepSpec):
+def _run_db(ctx: StepContext, specs: list[StepSpec]):
     try:
         with transaction.atomic():
-            result = spec.fn(ctx)
-            if not _insert_done(ctx, spec.name, result):
-                raise _LostRace  # rolls back our effects: the other execution's stand
+            for spec in specs:
+                try:
+                    result = spec.fn(ctx)
+                except JobFailure as failure:
+                    failure.step = spec.name  # the whole group rolls back; this step is the one that failed
+                    raise
+                if not _insert_done(ctx, spec.name, result):
+                    raise _LostRace  # rolls back our effects: the other execution's stand
     except _LostRace:
-        return _adopt(ctx, spec.name)
+        for spec in specs:
+            outcome = _adopt(ctx, spec.name)
+            if outcome is not None:
+                return outcome
     return None
 
 
@@ -299,44 +393,48 @@ def _run_external(ctx: StepContext, spec: StepSpec):
     if lost.is_set():
         logger.warning("job %s step %s: lease lost while working; attaching", ctx.job.id, spec.name)
     try:
-        with transaction.atomic():
+        # One statement needs no transaction of its own; with an `apply` hook, both commit together.
+        with transaction.atomic() if spec.apply is not None else nullcontext():
             if spec.apply is not None:
                 spec.apply(ctx, result)
             if not _mark_done(row.id, ctx.owner, result):
                 raise _LostRace  # our lease ran out and another execution took the step over
     except _LostRace:
         return _adopt(ctx, spec.name)
-    ctx.rows[spec.name] = _done_row(ctx, row, result)
+    ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, ctx.owner)
     return None
 
 
 def _run_wait(ctx: StepContext, spec: StepSpec):
-    state, row = _claim(ctx, spec, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S)
-    if state == "held":
+    """Poll first (a read, harmless twice), then record what it said. A finished wait costs one upsert;
+    a wait that goes on holds a lease across polls, so the sweeper can tell a live poller from a lost
+    one, and a second poller that finds a live lease stops instead of polling alongside."""
+    row = ctx.rows.get(spec.name)
+    if row is not None and row.lease_owner != ctx.chain and row.lease_until and row.lease_until > timezone.now():
         return Stop(f"another poller holds {spec.name}")
-    if state != "claimed":
-        ctx.rows[spec.name] = row
-        return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
-    ctx.rows[spec.name] = row
     try:
         result = spec.fn(ctx)
+        lease_s = settings.POLL_INTERVAL_S + settings.STEP_LEASE_S
     except StepRetry as retry:
-        return _back_off(ctx, row, retry)
+        result, lease_s = None, (retry.countdown or settings.POLL_INTERVAL_S) + settings.STEP_LEASE_S
     if result is None:
-        return Later(settings.POLL_INTERVAL_S)
-    if not _mark_done(row.id, ctx.owner, result):
+        state, row = _claim(ctx, spec, lease_s, owner=ctx.chain)
+        if state != "claimed":
+            return Stop(f"another poller holds {spec.name}") if state == "held" else _adopt(ctx, spec.name)
+        return Later(lease_s - settings.STEP_LEASE_S)
+    if not _complete(ctx, spec.name, result, owner=ctx.chain):
         return _adopt(ctx, spec.name)
-    ctx.rows[spec.name] = _done_row(ctx, row, result)
     return None
 
 
-def _back_off(ctx: StepContext, row: Step, retry: StepRetry) -> Later:
+def _back_off(ctx: StepContext, row: StepRow, retry: StepRetry) -> Later:
     """Keep the lease across the pause (so a duplicate attaches) but let it run out if our retry is lost."""
     countdown = retry.countdown
     if countdown is None:
         countdown = min(2 ** max(row.attempts - 1, 0), 30) * random.uniform(0.8, 1.2)
+    # Reserved for this task id: the same task, sent again after the pause, takes the lease back.
     Step.objects.filter(id=row.id, lease_owner=ctx.owner, status=StepStatus.RUNNING).update(
-        lease_until=Now() + timedelta(seconds=countdown + settings.STEP_LEASE_S)
+        lease_owner=ctx.task_id, lease_until=Now() + timedelta(seconds=countdown + settings.STEP_LEASE_S)
     )
     logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, row.name, retry.reason, countdown)
     return Later(countdown)
@@ -388,37 +486,38 @@ VALUES (%(job)s, %(run)s, %(name)s, 'running', NULL, 1, %(owner)s, now() + %(lea
 ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
    SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, attempts = jobs_step.attempts + 1
  WHERE jobs_step.status = 'running'
-   AND (jobs_step.lease_until < now() OR jobs_step.lease_owner = EXCLUDED.lease_owner)
-RETURNING id, attempts, started_at, lease_until
+   AND (jobs_step.lease_until < now() OR jobs_step.lease_owner IN (EXCLUDED.lease_owner, %(reserved)s))
+RETURNING id, attempts, lease_until
 """
 
 
-def _claim(ctx: StepContext, spec: StepSpec, lease_s: float) -> tuple[str, Step | None]:
-    """Claim the step's lease: the row is new, its lease ran out (a dead holder), or it is ours (a retry
-    of this very task). Returns ("claimed" | "done" | "failed" | "held", row).
+def _claim(ctx: StepContext, spec: StepSpec, lease_s: float, *, owner: str | None = None) -> tuple[str, StepRow]:
+    """Claim the step's lease: the row is new, its lease ran out (a dead holder), it is ours, or it was
+    reserved for this task (sent again after a back-off). Returns ("claimed" | "done" | "failed" | "held", row).
 
     The upsert's WHERE decides a race between two executions: Postgres serialises them on the row, the
     second re-evaluates the WHERE against the first's lease and gets no row back.
     """
-    params = {"job": ctx.job.id, "run": ctx.run, "name": spec.name, "owner": ctx.owner,
+    owner = owner or ctx.owner
+    params = {"job": ctx.job.id, "run": ctx.run, "name": spec.name, "owner": owner, "reserved": ctx.task_id,
               "lease": timedelta(seconds=lease_s)}
-    with transaction.atomic():
+    with transaction.atomic() if spec.claim is not None else nullcontext():
         with connection.cursor() as cursor:
             cursor.execute(_CLAIM_SQL, params)
             claimed = cursor.fetchone()
         if claimed is not None:
-            row = Step(id=claimed[0], job=ctx.job, run=ctx.run, name=spec.name, status=StepStatus.RUNNING,
-                       attempts=claimed[1], started_at=claimed[2], lease_until=claimed[3], lease_owner=ctx.owner)
+            row = StepRow(claimed[0], spec.name, StepStatus.RUNNING, None, claimed[1], owner, claimed[2])
+            ctx.rows[spec.name] = row
             if spec.claim is not None:
                 spec.claim(ctx)  # intent before spend: committed together with the lease
             return "claimed", row
-    row = Step.objects.get(job=ctx.job, run=ctx.run, name=spec.name)
+    row = _reload(ctx, spec.name)
     if row.status == StepStatus.RUNNING:
         return "held", row
     return row.status, row
 
 
-def _attach(ctx: StepContext, spec: StepSpec) -> tuple[str, Step]:
+def _attach(ctx: StepContext, spec: StepSpec) -> tuple[str, StepRow]:
     """Another execution holds a live lease: wait for its result instead of doing the work again. If its
     lease runs out meanwhile (its worker died), take the step over."""
     deadline = time.monotonic() + settings.ATTACH_WAIT_S
@@ -459,22 +558,61 @@ def _heartbeat(step_id: int, owner: str, lease_s: float):
         thread.join()
 
 
+_COMPLETE_SQL = """
+INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
+VALUES (%(job)s, %(run)s, %(name)s, 'done', %(result)s, 1, %(owner)s, NULL, now(), now())
+ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
+   SET status = 'done', result = EXCLUDED.result, lease_until = NULL, finished_at = now()
+ WHERE jobs_step.status = 'running'
+   AND (jobs_step.lease_owner = EXCLUDED.lease_owner OR jobs_step.lease_until < now())
+RETURNING id
+"""
+
+
+def _complete(ctx: StepContext, name: str, result, *, owner: str) -> bool:
+    """Record a step done, whether or not it had a row: new, ours, or left by a holder whose lease ran
+    out. False when another execution holds it or finished it first."""
+    params = {"job": ctx.job.id, "run": ctx.run, "name": name, "owner": owner, "result": _json(result)}
+    with connection.cursor() as cursor:
+        cursor.execute(_COMPLETE_SQL, params)
+        completed = cursor.fetchone()
+    if completed is None:
+        return False
+    ctx.rows[name] = StepRow(completed[0], name, StepStatus.DONE, result, 1, owner)
+    return True
+
+
+def _json(value):
+    return Step._meta.get_field("result").get_db_prep_save(value, connection)
+
+
 def _mark_done(step_id: int, owner: str, result) -> bool:
     """running -> done, only while we still hold the lease. Zero rows: another execution took over."""
-    return bool(
-        Step.objects.filter(id=step_id, lease_owner=owner, status=StepStatus.RUNNING).update(
-            status=StepStatus.DONE, result=result, lease_until=None, finished_at=Now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs_step SET status = 'done', result = %s, lease_until = NULL, finished_at = now()"
+            " WHERE id = %s AND lease_owner = %s AND status = 'running'",
+            [_json(result), step_id, owner],
         )
-    )
+        return cursor.rowcount == 1
+
+
+_INSERT_DONE_SQL = """
+INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
+VALUES (%s, %s, %s, 'done', %s, 1, %s, NULL, now(), now())
+ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id
+"""
 
 
 def _insert_done(ctx: StepContext, name: str, result) -> bool:
-    row = Step(job=ctx.job, run=ctx.run, name=name, status=StepStatus.DONE, result=result,
-               lease_owner=ctx.owner, started_at=timezone.now(), finished_at=timezone.now())
-    if insert_ignore(row, conflict="step_job_run_name"):
-        ctx.rows[name] = row
-        return True
-    return False
+    """A step that needed no lease, recorded done. False: another execution recorded it first."""
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_DONE_SQL, [ctx.job.id, ctx.run, name, _json(result), ctx.owner])
+        inserted = cursor.fetchone()
+    if inserted is None:
+        return False
+    ctx.rows[name] = StepRow(inserted[0], name, StepStatus.DONE, result, 1, ctx.owner)
+    return True
 
 
 def _upsert_ended(ctx: StepContext, name: str, status: str, result) -> None:
@@ -484,17 +622,19 @@ def _upsert_ended(ctx: StepContext, name: str, status: str, result) -> None:
     )
 
 
+def _reload(ctx: StepContext, name: str) -> StepRow:
+    step = Step.objects.get(job=ctx.job, run=ctx.run, name=name)
+    row = StepRow(step.id, name, step.status, step.result, step.attempts, step.lease_owner, step.lease_until)
+    ctx.rows[name] = row
+    return row
+
+
 def _adopt(ctx: StepContext, name: str):
     """Take the stored outcome of a step another execution completed."""
-    row = Step.objects.get(job=ctx.job, run=ctx.run, name=name)
-    ctx.rows[name] = row
+    row = _reload(ctx, name)
     if row.status == StepStatus.DONE:
         return None
     if row.status == StepStatus.FAILED:
         return Stop(f"step {name} failed")
     return Later(1.0)
 
-
-def _done_row(ctx: StepContext, row: Step, result) -> Step:
-    row.status, row.result, row.lease_until = StepStatus.DONE, result, None
-    return row

@@ -135,12 +135,13 @@ def job_enqueue_on_commit(job: Job) -> None:
 
 def job_mark_running(*, job_id: uuid.UUID) -> bool:
     """queued -> running. Zero rows: the job was cancelled, or is already running (a resumed run)."""
-    now = timezone.now()
-    return bool(
-        Job.objects.filter(id=job_id, status=JobStatus.QUEUED).update(
-            status=JobStatus.RUNNING, started_at=now, updated_at=now
+    with connection.cursor() as cursor:  # plain SQL: this runs for every job (the ORM's cost shows)
+        cursor.execute(
+            "UPDATE jobs_job SET status = 'running', started_at = now(), updated_at = now()"
+            " WHERE id = %s AND status = 'queued'",
+            [job_id],
         )
-    )
+        return cursor.rowcount == 1
 
 
 _EVENT_FOR = {
@@ -150,14 +151,19 @@ _EVENT_FOR = {
 }
 
 
-def _emit(job_id: uuid.UUID, event: str) -> Job:
-    """Write the outbox row for the state change just made, in its transaction."""
-    from jobs.serializers import JobSerializer
+def _emit(job: Job, event: str) -> None:
+    """Write the outbox row for the state change just made to `job`, in its transaction."""
+    from jobs.serializers import job_as_dict
     from webhooks.services import delivery_create
 
-    job = Job.objects.select_related("client").get(id=job_id)
-    delivery_create(job=job, event=event, data=JobSerializer(job).data)
-    return job
+    delivery_create(job=job, event=event, data=job_as_dict(job))
+
+
+_FINISH_SQL = """
+UPDATE jobs_job SET status = %s, output = %s, error = %s, completed_at = now(), updated_at = now()
+ WHERE id = %s AND status IN ('queued', 'running', 'waiting')
+RETURNING *
+"""
 
 
 def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, error: dict | None = None) -> bool:
@@ -165,17 +171,15 @@ def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, er
 
     One conditional UPDATE on the open states. The winner writes the terminal event's outbox row in
     the same transaction; a writer that gets zero rows back lost the race (a success, a failure and a
-    cancel can all try at once) and writes nothing.
+    cancel can all try at once) and writes nothing. The UPDATE returns the row the event describes.
     """
     assert status in _EVENT_FOR, status
-    now = timezone.now()
+    prep = Job._meta.get_field("output").get_db_prep_save
     with transaction.atomic(savepoint=False):
-        won = Job.objects.filter(id=job_id, status__in=OPEN_STATUSES).update(
-            status=status, output=output, error=error, completed_at=now, updated_at=now
-        )
-        if not won:
+        ended = list(Job.objects.raw(_FINISH_SQL, [status, prep(output, connection), prep(error, connection), job_id]))
+        if not ended:
             return False  # another writer ended the job first
-        _emit(job_id, _EVENT_FOR[status])
+        _emit(ended[0], _EVENT_FOR[status])
     return True
 
 
@@ -200,7 +204,7 @@ def job_hold(*, job_id: uuid.UUID, run: int, error: dict) -> bool:
         )
         if not held:
             return False  # cancelled, or ended by another writer
-        _emit(job_id, "generation.needs_review")
+        _emit(Job.objects.get(id=job_id), "generation.needs_review")
     return True
 
 

@@ -161,6 +161,7 @@ BAD_BODIES = [
     ("unknown top-level field", json.dumps({**media_body(), "polcy": {}}).encode(), 422, "INVALID_REQUEST"),
     ("output key escapes", json.dumps(media_body(output_key="../../etc/passwd")).encode(), 422, "INVALID_REQUEST"),
     ("absolute output key", json.dumps(media_body(output_key="/tmp/x.mp4")).encode(), 422, "INVALID_REQUEST"),
+    ("dot-file output key", json.dumps(media_body(output_key="renders/.x.payonce.json")).encode(), 422, "INVALID_REQUEST"),
     ("webhook not http", json.dumps(media_body(webhook_url="ftp://example.com/x")).encode(), 422, "INVALID_REQUEST"),
     ("metadata is a list", json.dumps(media_body(metadata=[1])).encode(), 422, "INVALID_REQUEST"),
 ]

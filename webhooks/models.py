@@ -47,7 +47,8 @@ class Delivery(models.Model):
     client = models.ForeignKey("jobs.Client", on_delete=models.CASCADE, related_name="deliveries")
     run = models.PositiveIntegerField()
     event = models.CharField(max_length=64)
-    # The target chosen when the event happened: the job's webhook_url, else the client's endpoint.
+    # The job's own webhook_url; empty means the client's endpoint URL as it is when the row is sent, so
+    # fixing a client's broken endpoint reaches the deliveries waiting for it.
     url = models.CharField(max_length=2048, blank=True, default="")
     envelope = models.TextField()
     status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)

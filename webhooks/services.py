@@ -50,7 +50,6 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
         separators=(",", ":"),
         cls=DjangoJSONEncoder,
     )
-    url = job.webhook_url or Endpoint.objects.filter(client_id=job.client_id).values_list("url", flat=True).first() or ""
-    delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event, url=url,
+    delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event, url=job.webhook_url,
                         envelope=envelope, created_at=now, next_attempt_at=now)
     return insert_ignore(delivery)

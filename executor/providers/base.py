@@ -61,8 +61,9 @@ class ProviderError(Exception):
 @dataclass
 class Submission:
     upstream_id: str
-    status: str
+    status: str  # a provider may answer a submit already finished ("succeeded", "failed")
     cost_usd: str | None = None
+    output_url: str | None = None
     raw: dict = field(default_factory=dict)
 
 

@@ -1,6 +1,8 @@
 """Adapter for the sandbox provider (API.md, "The sandbox provider"), over HTTP with requests."""
 
+import os
 import threading
+from urllib.request import getproxies
 
 import requests
 from django.conf import settings
@@ -15,6 +17,11 @@ def _session() -> requests.Session:
     session = getattr(_local, "session", None)
     if session is None:
         session = _local.session = requests.Session()
+        # Read proxy and CA settings from the environment once, not on every call (requests scans the
+        # whole environment per request when trust_env is on: a measurable share of a fast job's CPU).
+        session.proxies.update(getproxies())
+        session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        session.trust_env = False
     return session
 
 
@@ -75,8 +82,8 @@ class SandboxProvider:
     def submit(self, model: str, *, upstream_key: str, prompt: str, params: dict, metadata: dict) -> Submission:
         body = {"model": model, "request_id": upstream_key, "prompt": prompt, "params": params, "metadata": metadata}
         data = self._call("POST", "/v1/generations", json=body).json()
-        return Submission(upstream_id=data["id"], status=data.get("status", "running"),
-                          cost_usd=data.get("cost_usd"), raw=data)
+        return Submission(upstream_id=data["id"], status=data.get("status", "running"), cost_usd=data.get("cost_usd"),
+                          output_url=(data.get("output") or {}).get("url"), raw=data)
 
     def poll(self, model: str, upstream_id: str) -> PollResult:
         data = self._call("GET", f"/v1/generations/{upstream_id}").json()

@@ -1,0 +1,164 @@
+"""Benchmark: jobs per second end to end (POST to terminal) against its floor, in one run.
+
+  floor    a bare Celery chain of 3 no-op tasks per job, on the same broker and the same worker command
+           (the least a submit / wait / finish job can cost in messages)
+  payonce  N `media` jobs with render_s 0 on sandbox/video-keyed, POSTed to `web` and run by `worker`,
+           both as the Procfile starts them, with the sandbox provider as its own process
+
+It also counts, not estimates, per job: Celery messages the worker received, write transactions
+(PostgreSQL transaction ids assigned: every commit that wrote) and SQL statements (every statement the
+same code issues for one job, captured in this process). Targets: payonce >= 0.5 of the floor, <= 10
+commits per job. Run: `.venv/bin/python bench/e2e_throughput.py [--jobs 2000]`.
+"""
+
+import argparse
+import http.client
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.stack import Stack  # noqa: E402
+
+BODY = {"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "bench", "render_s": 0}}
+
+
+def next_xid() -> int:
+    """The next transaction id PostgreSQL will assign: the difference over a run counts write transactions
+    (read-only ones get no id). Cluster-wide: run the benchmark on an otherwise quiet database server."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+        return cursor.fetchone()[0]
+
+
+def received(stack: Stack) -> int:
+    return len(re.findall(r"\] received", stack.log("worker")))
+
+
+def post_jobs(port: int, api_key: str, count: int, threads: int = 16, body: dict | None = None) -> None:
+    body = json.dumps(body or BODY)
+    run_id = time.time_ns()
+
+    def post(offset: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for n in range(offset, count, threads):
+            conn.request("POST", "/v1/jobs", body=body, headers={
+                "Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
+                "Idempotency-Key": f"bench-{run_id}-{n}"})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 201, response.status
+
+    workers = [threading.Thread(target=post, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def floor(stack: Stack, jobs: int) -> float:
+    from celery import chain
+    from redis import Redis
+
+    from config.celery import noop
+
+    counter = f"bench:floor:{time.time_ns()}"
+    redis = Redis.from_url(stack.env["BROKER_URL"])
+    started = time.perf_counter()
+    for _ in range(jobs):
+        chain(noop.si(), noop.si(), noop.si(counter)).apply_async()
+    while int(redis.get(counter) or 0) < jobs:
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    redis.delete(counter)
+    return jobs / elapsed
+
+
+def payonce(stack: Stack, credentials: dict, jobs: int) -> tuple[float, dict]:
+    from jobs.models import Job
+
+    client_jobs = Job.objects.filter(client_id=credentials["client_id"])
+    xid, messages = next_xid(), received(stack)
+    started = time.perf_counter()
+    post_jobs(stack.port, credentials["api_key"], jobs)
+    while client_jobs.filter(status__in=["queued", "running", "waiting"]).exists():
+        time.sleep(0.2)
+    elapsed = time.perf_counter() - started
+    counts = {
+        "succeeded": client_jobs.filter(status="succeeded").count(),
+        "messages": (received(stack) - messages) / jobs,
+        "commits": (next_xid() - xid) / jobs,
+    }
+    return jobs / elapsed, counts
+
+
+def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, float]:
+    """Run `sample` jobs through the same code in this process (API create, then each stage as its task
+    would), capturing every SQL statement and counting write transactions."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs import runner, services
+    from jobs.models import ClientAPIKey
+    from jobs.serializers import JobCreateSerializer
+
+    prefix = credentials["api_key"].partition(".")[0]
+    serializer = JobCreateSerializer(data=BODY)
+    serializer.is_valid(raise_exception=True)
+    xid = next_xid()
+    with CaptureQueriesContext(connection) as captured:
+        for n in range(sample):
+            # What POST /v1/jobs does: the API key with its client, then the insert.
+            client = ClientAPIKey.objects.get_usable_keys().select_related("client").get(prefix=prefix).client
+            job, _ = services.job_create(client=client, idempotency_key=f"stmt-{time.time_ns()}-{n}",
+                                         data=dict(serializer.validated_data))
+            for stage in ("prepare", "wait", "finish"):
+                while isinstance(outcome := runner.run_stage(job_id=job.id, run=1, stage=stage, owner="bench"),
+                                 runner.Later):
+                    time.sleep(outcome.countdown)
+    commits = (next_xid() - xid) / sample
+    return len(captured) / sample, commits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=2000)
+    args = parser.parse_args()
+
+    stack = Stack()
+    credentials = stack.prepare()
+    stack.configure_this_process()
+    try:
+        stack.start("sandbox", ready="started server")
+        stack.start("web")
+        stack.start("worker", ready=" ready.")
+        floor_rate = floor(stack, args.jobs)
+        rate, counts = payonce(stack, credentials, args.jobs)
+        # The in-process sample must not race the worker for its own jobs: they are never enqueued
+        # (job_create enqueues on commit, which this process does, so stop the worker first).
+        stack.processes["worker"].terminate()
+        stack.processes["worker"].wait(timeout=30)
+        statements, sample_commits = statements_per_job(credentials)
+    finally:
+        from jobs.models import Job
+
+        stack.stop()
+        Job.objects.filter(client_id=credentials["client_id"]).delete()
+
+    print(f"worker as the Procfile starts it: {stack.env.get('WORKER_CONCURRENCY', '16')} threads; "
+          f"{args.jobs} jobs per phase")
+    print(f"floor   (3 no-op tasks per job)   {floor_rate:8.1f} jobs/s")
+    print(f"payonce (media, render_s 0)       {rate:8.1f} jobs/s   ratio {rate / floor_rate:.2f} (target >= 0.5)")
+    print(f"        succeeded {counts['succeeded']}/{args.jobs}")
+    print(f"per job: {counts['messages']:.2f} Celery messages received, {counts['commits']:.2f} write commits "
+          f"(target <= 10), {statements:.1f} SQL statements "
+          f"(in-process sample: {sample_commits:.2f} write commits)")
+
+
+if __name__ == "__main__":
+    main()
