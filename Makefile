@@ -29,6 +29,8 @@ test: migrate
 
 bench: migrate
 	$(BIN)/python bench/api_create.py
+	$(BIN)/python bench/e2e_throughput.py
+	$(BIN)/python bench/in_flight.py
 
 clean:
 	rm -rf $(VENV) var

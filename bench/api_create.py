@@ -7,8 +7,8 @@ Measures, in one run and against one server process tree:
 at a fixed concurrency, each for a fixed time, and prints requests/s, p50, p99 and the ratios to the
 ceiling (targets: new >= 0.40, replay >= 0.60).
 
-It uses its own database (payonce_bench, created if missing) and Redis database 14, and cleans both
-afterwards, so it never leaves jobs for a development stack to run. Run: `make bench` or
+It uses its own database (payonce_bench, created if missing) and Redis database 14 (bench/stack.py), and
+cleans both afterwards, so it never leaves jobs for a development stack to run. Run: `make bench` or
 `.venv/bin/python bench/api_create.py [--concurrency 16] [--seconds 10]`.
 """
 
@@ -16,36 +16,16 @@ import argparse
 import http.client
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.stack import Stack, procfile_command  # noqa: E402
+
 BODY = {"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "a lighthouse at dusk", "render_s": 2}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def procfile_command(name: str) -> str:
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        if line.startswith(f"{name}:"):
-            return line.split(":", 1)[1].strip()
-    raise SystemExit(f"no {name!r} process in the Procfile")
-
-
-def manage(env: dict, *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True, capture_output=True, text=True
-    ).stdout
 
 
 def load(port: int, concurrency: int, seconds: float, make_request) -> dict:
@@ -96,34 +76,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--database-url", default="postgres://localhost:5432/payonce_bench")
-    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()
 
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": args.database_url, "BROKER_URL": args.broker_url, "PORT": str(port),
-           "DJANGO_SETTINGS_MODULE": "config.settings"}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    manage(env, "migrate", "--noinput")
-    client = json.loads(manage(env, "create_client", f"bench-{int(time.time())}"))
+    stack = Stack()
+    client = stack.prepare()
     auth = {"Authorization": f"Bearer {client['api_key']}"}
-    command = procfile_command("web")
-    web = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/v1/whoami", headers=auth)
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline or web.poll() is not None:
-                raise SystemExit("web did not come up")
-            time.sleep(0.2)
-
+        stack.start("web")
         body = json.dumps(BODY)
         post_headers = {**auth, "Content-Type": "application/json"}
         run_id = int(time.time() * 1000)
@@ -141,25 +100,18 @@ def main() -> None:
             keys = created_keys[index]
             return "POST", "/v1/jobs", body, {**post_headers, "Idempotency-Key": keys[n % len(keys)]}
 
-        load(port, args.concurrency, 2.0, ceiling)  # warm up: connections, pools, imports
+        load(stack.port, args.concurrency, 2.0, ceiling)  # warm up: connections, pools, imports
         results = {
-            "ceiling (GET /v1/whoami)": load(port, args.concurrency, args.seconds, ceiling),
-            "new keys (POST /v1/jobs -> 201)": load(port, args.concurrency, args.seconds, new_key),
-            "replays (POST /v1/jobs -> 202)": load(port, args.concurrency, args.seconds, replay),
+            "ceiling (GET /v1/whoami)": load(stack.port, args.concurrency, args.seconds, ceiling),
+            "new keys (POST /v1/jobs -> 201)": load(stack.port, args.concurrency, args.seconds, new_key),
+            "replays (POST /v1/jobs -> 202)": load(stack.port, args.concurrency, args.seconds, replay),
         }
     finally:
-        os.killpg(web.pid, signal.SIGTERM)
-        web.wait(timeout=30)
-        cleanup = (
-            "from jobs.models import Job, Client; from config.celery import app;"
-            f"Job.objects.filter(client_id='{client['client_id']}').delete();"
-            "app.control.purge()"
-        )
-        subprocess.run([sys.executable, "manage.py", "shell", "-c", cleanup], cwd=ROOT, env=env, check=False,
-                       capture_output=True)
+        stack.stop()  # stops web and empties the benchmark's broker: no worker ever runs these jobs
+        stack.manage("shell", "-c", f"from jobs.models import Job; Job.objects.filter(client_id='{client['client_id']}').delete()")
 
     ceiling_rps = results["ceiling (GET /v1/whoami)"]["rps"]
-    print(f"web as the Procfile starts it: {command}")
+    print(f"web as the Procfile starts it: {procfile_command('web')}")
     print(f"concurrency {args.concurrency}, {args.seconds:.0f} s per phase, {os.cpu_count()} CPUs\n")
     print(f"{'phase':34} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'vs ceiling':>11}  statuses")
     for name, result in results.items():
