@@ -151,6 +151,17 @@ SWEEP_INTERVAL_S = env_float("SWEEP_INTERVAL_S", 10.0, minimum=0.1)
 POLL_INTERVAL_S = env_float("POLL_INTERVAL_S", 2.0, minimum=0.05)
 WEBHOOK_RETRY_SCHEDULE = env_int_list("WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000,36000")
 
+# Real providers (DESIGN.md, section 6: spending real money is opt-in). Off: the real adapters answer from
+# recorded fixtures, with no network. On: each adapter needs its key, and REAL_PROVIDERS=1 with no key at
+# all refuses to start (executor.providers.real).
+ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY", "")
+ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL", "https://api.anthropic.com").rstrip("/")
+OPENAI_API_KEY = env_str("OPENAI_API_KEY", "")
+# Any OpenAI-compatible server (vLLM, llama.cpp, Ollama, ...): point this at its /v1.
+OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
+REPLICATE_API_TOKEN = env_str("REPLICATE_API_TOKEN", "")
+REPLICATE_BASE_URL = env_str("REPLICATE_BASE_URL", "https://api.replicate.com").rstrip("/")
+
 # Provider calls: how long to wait to connect and for an answer. Every network call has a bound, because
 # the threads pool cannot enforce Celery's time limits (below).
 PROVIDER_CONNECT_TIMEOUT_S = env_float("PROVIDER_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)

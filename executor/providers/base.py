@@ -1,19 +1,24 @@
 """The provider port: what an adapter can do (capabilities), what it answers, and how it fails.
 
-Error classes (DESIGN.md, section 3) are carried on the exception, so retry policy is decided in one
-place (the attempt runner), never by scattered try/except blocks.
+Two kinds of adapter sit behind it: media providers (async renders: submit, poll, fetch) and text
+providers (LLM calls: complete). Error classes (DESIGN.md, section 3) are carried on the exception, so
+retry policy is decided in one place (executor.attempts), never by scattered try/except blocks.
 """
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True)
 class Capabilities:
     idempotency_key: bool  # accepts a caller-chosen request id and returns the same work for a repeat
-    lookup: bool  # can find an earlier submission by metadata we put in it
+    lookup: bool  # can find an earlier submission (by metadata we put in it, or by listing)
     asynchronous: bool  # submit returns an upstream id; completion is polled
     cancel: bool  # can cancel upstream work
     window_s: float | None = None  # per-attempt window matching the provider's own prediction limit
+    # With neither key nor lookup, an unknown outcome is held for a person by default. A provider of
+    # cheap calls (LLM chapters) may instead resubmit automatically, under a new upstream key.
+    resubmit_uncertain: bool = False
 
 
 class ErrorClass:
@@ -34,8 +39,9 @@ class ProviderError(Exception):
     """A provider call that did not give us what we asked for.
 
     `outcome_unknown` is True when the provider may have accepted (and charged for) the call: a
-    transport error, a timeout or a 5xx. Such a call must be resolved by capability (same key, lookup,
-    or a person) before anything else is paid for (DESIGN.md, the recovery table).
+    transport error, a timeout or a 5xx on a submit. Such a call must be resolved by capability (same
+    key, lookup, or a person) before anything else is paid for (DESIGN.md, the recovery table).
+    `message` keeps the provider's own words.
     """
 
     def __init__(
@@ -59,11 +65,28 @@ class ProviderError(Exception):
 
 
 @dataclass
+class Usage:
+    """What a call used, as the provider reported it, normalised: `input_tokens` never includes cached
+    tokens (Anthropic reports them apart; OpenAI's prompt_tokens includes them and is split here)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    units: float | None = None  # media: seconds rendered or images made, when the provider says
+
+    def as_dict(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if value}
+
+
+@dataclass
 class Submission:
     upstream_id: str
-    status: str  # a provider may answer a submit already finished ("succeeded", "failed")
-    cost_usd: str | None = None
+    status: str  # "running", or already "succeeded" / "failed" when the provider answers synchronously
+    cost_usd: str | None = None  # quoted by the provider, as a decimal string
     output_url: str | None = None
+    error: str | None = None
+    usage: Usage | None = None
     raw: dict = field(default_factory=dict)
 
 
@@ -73,9 +96,79 @@ class PollResult:
     output_url: str | None = None
     content_type: str | None = None
     error: str | None = None
+    error_class: str | None = None  # why it failed upstream, when the provider says (refused, ...)
     cost_usd: str | None = None
+    usage: Usage | None = None
     raw: dict = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
         return self.status in {"succeeded", "failed", "cancelled"}
+
+
+@dataclass
+class Completion:
+    upstream_id: str
+    text: str
+    stop_reason: str | None
+    usage: Usage
+    cost_usd: str | None = None
+    raw: dict = field(default_factory=dict)
+
+
+class MediaProvider(Protocol):
+    """An async renderer (video, image)."""
+
+    name: str
+
+    def upload_input(self, model: str, payload: bytes, content_type: str) -> str:
+        """Put reference media into the provider's input store; returns what a submit refers to it by."""
+
+    def submit(self, model: str, *, upstream_key: str, prompt: str, params: dict, metadata: dict,
+               inputs: list[str]) -> Submission:
+        """Start a render. `upstream_key` goes out as the provider's idempotency key where it has one;
+        `metadata` carries payonce_job, payonce_attempt and upstream_key wherever the provider keeps it."""
+
+    def poll(self, model: str, upstream_id: str) -> PollResult: ...
+
+    def lookup(self, model: str, *, upstream_key: str, metadata: dict, prompt: str, params: dict,
+               submitted_at: float) -> Submission | None:
+        """Find a submission made earlier for this attempt (capability `lookup`); None if there is none."""
+
+    def cancel(self, model: str, upstream_id: str) -> None: ...
+
+    def fetch(self, url: str) -> bytes: ...
+
+
+class TextProvider(Protocol):
+    """A synchronous LLM call."""
+
+    name: str
+
+    def complete(self, model: str, *, system: str, messages: list[dict], max_tokens: int, upstream_key: str,
+                 metadata: dict) -> Completion: ...
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header given in seconds; an HTTP date or garbage is ignored."""
+    try:
+        seconds = float(value) if value else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 86400 else None
+
+
+def classify_http_error(status: int, refused: bool = False) -> tuple[str, bool]:
+    """(error class, outcome unknown) for an HTTP error answer to a call that may create paid work.
+    `refused` is the adapter's reading of the body: a content-policy refusal."""
+    if status >= 500 or status == 408:
+        return (ErrorClass.TIMEOUT if status in (408, 504) else ErrorClass.SERVER_ERROR), True
+    if status == 429:
+        return ErrorClass.RATE_LIMITED, False
+    if status in (401, 403):
+        return ErrorClass.AUTH, False
+    if status == 404:
+        return ErrorClass.UNAVAILABLE, False
+    if refused:
+        return ErrorClass.REFUSED, False
+    return ErrorClass.INVALID_INPUT, False

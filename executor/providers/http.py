@@ -1,0 +1,42 @@
+"""HTTP plumbing shared by every adapter: one keep-alive requests.Session per thread and base URL, the
+connect and read timeouts of settings, and transport failures turned into ProviderError."""
+
+import os
+import threading
+from urllib.request import getproxies
+
+import requests
+from django.conf import settings
+
+from executor.providers.base import ErrorClass, ProviderError
+
+_local = threading.local()
+
+
+def session(base_url: str) -> requests.Session:
+    """requests.Session is not documented as thread-safe: one per worker thread (and base URL)."""
+    sessions = getattr(_local, "sessions", None)
+    if sessions is None:
+        sessions = _local.sessions = {}
+    found = sessions.get(base_url)
+    if found is None:
+        found = sessions[base_url] = requests.Session()
+        # Proxy and CA settings are read from the environment once, not on every call (requests scans
+        # the whole environment per request when trust_env is on: a measurable share of a fast job).
+        found.proxies.update(getproxies())
+        found.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        found.trust_env = False
+    return found
+
+
+def send(method: str, url: str, *, base_url: str, timeout: tuple[float, float] | None = None,
+         **kwargs) -> requests.Response:
+    """One HTTP call. A transport failure is a ProviderError whose outcome is unknown (the request may
+    have arrived); HTTP error statuses are returned for the adapter to read."""
+    timeout = timeout or (settings.PROVIDER_CONNECT_TIMEOUT_S, settings.PROVIDER_READ_TIMEOUT_S)
+    try:
+        return session(base_url).request(method, url, timeout=timeout, **kwargs)
+    except requests.Timeout as exc:
+        raise ProviderError(ErrorClass.TIMEOUT, f"no answer in time: {exc}", outcome_unknown=True) from exc
+    except requests.RequestException as exc:
+        raise ProviderError(ErrorClass.NETWORK, f"connection failed: {exc}", outcome_unknown=True) from exc
