@@ -162,6 +162,9 @@ OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip
 REPLICATE_API_TOKEN = env_str("REPLICATE_API_TOKEN", "")
 REPLICATE_BASE_URL = env_str("REPLICATE_BASE_URL", "https://api.replicate.com").rstrip("/")
 
+# Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
+PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")
+
 # Provider calls: how long to wait to connect and for an answer. Every network call has a bound, because
 # the threads pool cannot enforce Celery's time limits (below).
 PROVIDER_CONNECT_TIMEOUT_S = env_float("PROVIDER_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)

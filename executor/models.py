@@ -1,1 +1,59 @@
-"""The executor's tables (attempts) arrive with the executor issue."""
+"""The executor's record of money spent: one `Attempt` row per attempt, written as it happens."""
+
+from django.db import models
+from django.utils import timezone
+
+
+class AttemptState(models.TextChoices):
+    SUBMITTING = "submitting"  # intent: committed with its upstream key before the call goes out
+    RUNNING = "running"  # the provider accepted it (and charged, where it charges on acceptance)
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a definite end: refused, rate-limited, accepted then failed, given up
+    UNCERTAIN = "uncertain"  # it may or may not have been accepted, and nothing can tell: a person decides
+
+
+class Attempt(models.Model):
+    """One attempt to have a provider do a job's work, under the upstream key payonce-{job}-{number}.
+
+    The number grows only after a definite end or a person's (or a rule's) decision to pay again; an
+    unknown outcome sends the same key again (`sends` counts how often it went out).
+    """
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="attempts")
+    run = models.PositiveIntegerField()
+    number = models.PositiveIntegerField()
+    provider = models.CharField(max_length=50)
+    model = models.CharField(max_length=200)
+    upstream_key = models.CharField(max_length=200)
+    upstream_id = models.CharField(max_length=200, blank=True, default="")
+    state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.SUBMITTING)
+    error_class = models.CharField(max_length=32, null=True, blank=True)
+    error = models.TextField(null=True, blank=True)  # the provider's own words
+    # What goes out (prompt, params, metadata): kept so a resend is byte-for-byte the same request.
+    request = models.JSONField(default=dict)
+    sends = models.PositiveIntegerField(default=0)
+    usage = models.JSONField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    cost_source = models.CharField(max_length=16, null=True, blank=True)  # quoted, derived or local
+    created_at = models.DateTimeField(default=timezone.now)
+    submitted_at = models.DateTimeField(null=True, blank=True)  # the latest send
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # A definite failure that allows another try says when: back-off with jitter, or the Retry-After.
+    retry_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One attempt per number: two executions deciding to pay again race on this key, one wins.
+            models.UniqueConstraint(fields=["job", "provider", "number"], name="attempt_job_provider_number"),
+        ]
+        indexes = [models.Index(fields=["job", "number"], name="attempt_job_number")]
+        ordering = ["number"]
+
+    def __str__(self):
+        return f"{self.upstream_key} {self.provider}/{self.model} ({self.state})"
+
+    @property
+    def model_name(self) -> str:
+        return f"{self.provider}/{self.model}"

@@ -1,9 +1,13 @@
 """The models payonce knows: `provider/model` names, what they make, and their capabilities.
 
-A job's `models` are validated against this catalog, so a typo is a 422 at submit, not a failed job.
+A job's `models` are validated against this catalog, so a typo is a 422 at submit, not a failed job:
+the sandbox's four models by name, Anthropic's `claude-*` models, any model of an OpenAI-compatible
+server, and Replicate's `owner/name[:version]` models.
 """
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from executor.providers.base import Capabilities
 
@@ -27,19 +31,45 @@ class ModelSpec:
         return "report" if self.kind == "text" else "media"
 
 
-_CATALOG = [
-    ModelSpec("sandbox", "video-keyed", "video", "video/mp4", "mp4",
-              Capabilities(idempotency_key=True, lookup=False, asynchronous=True, cancel=True)),
-    ModelSpec("sandbox", "image-lookup", "image", "image/png", "png",
-              Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=False)),
-    ModelSpec("sandbox", "image-blind", "image", "image/png", "png",
-              Capabilities(idempotency_key=False, lookup=False, asynchronous=True, cancel=False)),
-    ModelSpec("sandbox", "llm", "text", "text/markdown", "md",
-              Capabilities(idempotency_key=False, lookup=False, asynchronous=False, cancel=False)),
-]
+_SANDBOX = {
+    "video-keyed": ("video", "video/mp4", "mp4",
+                    Capabilities(idempotency_key=True, lookup=False, asynchronous=True, cancel=True)),
+    "image-lookup": ("image", "image/png", "png",
+                     Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=False)),
+    "image-blind": ("image", "image/png", "png",
+                    Capabilities(idempotency_key=False, lookup=False, asynchronous=True, cancel=False)),
+    # An LLM call is cheap: an unknown outcome is resubmitted under a new key instead of held.
+    "llm": ("text", "text/markdown", "md",
+            Capabilities(idempotency_key=False, lookup=False, asynchronous=False, cancel=False,
+                         resubmit_uncertain=True)),
+}
+_REPLICATE_MODEL = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?$")
+_OPENAI_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
 
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _CATALOG}
 
-
+@lru_cache(maxsize=1024)
 def model_spec(name: str) -> ModelSpec | None:
-    return MODELS.get(name)
+    provider, _, model = name.partition("/")
+    if provider == "sandbox" and model in _SANDBOX:
+        return ModelSpec(provider, model, *_SANDBOX[model])
+    if provider == "anthropic" and re.fullmatch(r"claude-[a-z0-9.-]{1,80}", model):
+        from executor.providers.anthropic import CAPABILITIES
+
+        return ModelSpec(provider, model, "text", "text/markdown", "md", CAPABILITIES)
+    if provider == "openai" and _OPENAI_MODEL.match(model):
+        from executor.providers.openai_compat import CAPABILITIES
+
+        return ModelSpec(provider, model, "text", "text/markdown", "md", CAPABILITIES)
+    if provider == "replicate" and _REPLICATE_MODEL.match(model):
+        from executor.providers.replicate import CAPABILITIES
+
+        # What a Replicate model makes is the model's business; the bytes are kept as they come.
+        return ModelSpec(provider, model, "image", "application/octet-stream", "bin", CAPABILITIES)
+    return None
+
+
+def provider_usable(provider: str) -> bool:
+    """False when real providers are on and this one has no key (a job naming it is refused)."""
+    from executor.providers.real import provider_is_usable
+
+    return provider == "sandbox" or provider_is_usable(provider)

@@ -124,6 +124,11 @@ def _store_for(url: str):
         if not root.is_absolute():
             root = settings.BASE_DIR / root
         return FileStore(root)
+    if parts.scheme == "s3":
+        # s3://bucket[/prefix]; credentials, region and AWS_ENDPOINT_URL from the environment.
+        from executor.s3store import S3Store
+
+        return S3Store.from_url(url)
     raise ValueError(f"OUTPUT_STORE_URL: unsupported scheme {parts.scheme!r} (file:// or s3://)")
 
 

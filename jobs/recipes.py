@@ -5,6 +5,7 @@ Three stages, so three messages: steps that only touch the database or read run 
 each still its own `Step` row; a message is needed only where the job waits on the provider.
 """
 
+from executor import attempts
 from executor import services as executor
 from jobs import services
 from jobs.models import JobStatus
@@ -29,21 +30,20 @@ def check_output(ctx) -> dict:
 def submit(ctx) -> dict:
     if ctx.result("check_output")["exists"]:
         return {"skipped": True}  # this job's output is already stored: nothing to pay for
-    return executor.media_submit(ctx.job)
+    return attempts.submit(ctx.job)
 
 
 def wait(ctx) -> dict | None:
-    submitted = ctx.result("submit")
-    if submitted.get("skipped"):
+    if ctx.result("submit").get("skipped"):
         return {"skipped": True}
-    return executor.media_poll(ctx.job, submitted)
+    return attempts.wait(ctx.job)
 
 
 def store_output(ctx) -> dict:
     existing = ctx.result("check_output")
     if existing["exists"]:
         return {"output": existing["output"]}
-    return {"output": executor.media_store(ctx.job, ctx.result("submit"), ctx.result("wait"))}
+    return {"output": executor.media_store(ctx.job, ctx.result("wait"))}
 
 
 def finish(ctx) -> dict:
@@ -52,9 +52,7 @@ def finish(ctx) -> dict:
 
 
 def cancel_upstream(ctx) -> None:
-    submitted = ctx.result("submit")
-    if submitted and submitted.get("upstream_id") and ctx.result("wait") is None:
-        executor.media_cancel(ctx.job, submitted)
+    attempts.cancel_current(ctx.job)
 
 
 MEDIA = recipe_register(

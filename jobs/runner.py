@@ -406,35 +406,39 @@ def _run_external(ctx: StepContext, spec: StepSpec):
 
 
 def _run_wait(ctx: StepContext, spec: StepSpec):
-    """Poll first (a read, harmless twice), then record what it said. A finished wait costs one upsert;
-    a wait that goes on holds a lease across polls, so the sweeper can tell a live poller from a lost
-    one, and a second poller that finds a live lease stops instead of polling alongside."""
-    row = ctx.rows.get(spec.name)
-    if row is not None and row.lease_owner != ctx.chain and row.lease_until and row.lease_until > timezone.now():
+    """Claim the polling lease (held by the chain across its polls, so the sweeper can tell a live
+    poller from a lost one, and a second chain stops instead of polling alongside), poll under a
+    heartbeat (a poll may submit the next attempt), then record what it said."""
+    state, row = _claim(ctx, spec, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S, owner=ctx.chain)
+    if state == "held":
         return Stop(f"another poller holds {spec.name}")
-    try:
-        result = spec.fn(ctx)
-        lease_s = settings.POLL_INTERVAL_S + settings.STEP_LEASE_S
-    except StepRetry as retry:
-        result, lease_s = None, (retry.countdown or settings.POLL_INTERVAL_S) + settings.STEP_LEASE_S
+    if state != "claimed":
+        return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
+    with _heartbeat(row.id, ctx.chain, settings.STEP_LEASE_S):
+        try:
+            result = spec.fn(ctx)
+        except StepRetry as retry:
+            return _back_off(ctx, row, retry, owner=ctx.chain)
     if result is None:
-        state, row = _claim(ctx, spec, lease_s, owner=ctx.chain)
-        if state != "claimed":
-            return Stop(f"another poller holds {spec.name}") if state == "held" else _adopt(ctx, spec.name)
-        return Later(lease_s - settings.STEP_LEASE_S)
-    if not _complete(ctx, spec.name, result, owner=ctx.chain):
+        Step.objects.filter(id=row.id, lease_owner=ctx.chain, status=StepStatus.RUNNING).update(
+            lease_until=Now() + timedelta(seconds=settings.POLL_INTERVAL_S + settings.STEP_LEASE_S)
+        )
+        return Later(settings.POLL_INTERVAL_S)
+    if not _mark_done(row.id, ctx.chain, result):
         return _adopt(ctx, spec.name)
+    ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, ctx.chain)
     return None
 
 
-def _back_off(ctx: StepContext, row: StepRow, retry: StepRetry) -> Later:
-    """Keep the lease across the pause (so a duplicate attaches) but let it run out if our retry is lost."""
+def _back_off(ctx: StepContext, row: StepRow, retry: StepRetry, *, owner: str | None = None) -> Later:
+    """Keep the lease across the pause (so a duplicate attaches) but let it run out if our retry is lost.
+    An execution's lease is reserved for its task id (the same task, sent again after the pause, takes it
+    back); a chain's polling lease stays the chain's."""
     countdown = retry.countdown
     if countdown is None:
         countdown = min(2 ** max(row.attempts - 1, 0), 30) * random.uniform(0.8, 1.2)
-    # Reserved for this task id: the same task, sent again after the pause, takes the lease back.
-    Step.objects.filter(id=row.id, lease_owner=ctx.owner, status=StepStatus.RUNNING).update(
-        lease_owner=ctx.task_id, lease_until=Now() + timedelta(seconds=countdown + settings.STEP_LEASE_S)
+    Step.objects.filter(id=row.id, lease_owner=owner or ctx.owner, status=StepStatus.RUNNING).update(
+        lease_owner=owner or ctx.task_id, lease_until=Now() + timedelta(seconds=countdown + settings.STEP_LEASE_S)
     )
     logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, row.name, retry.reason, countdown)
     return Later(countdown)
@@ -556,30 +560,6 @@ def _heartbeat(step_id: int, owner: str, lease_s: float):
     finally:
         stop.set()
         thread.join()
-
-
-_COMPLETE_SQL = """
-INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
-VALUES (%(job)s, %(run)s, %(name)s, 'done', %(result)s, 1, %(owner)s, NULL, now(), now())
-ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
-   SET status = 'done', result = EXCLUDED.result, lease_until = NULL, finished_at = now()
- WHERE jobs_step.status = 'running'
-   AND (jobs_step.lease_owner = EXCLUDED.lease_owner OR jobs_step.lease_until < now())
-RETURNING id
-"""
-
-
-def _complete(ctx: StepContext, name: str, result, *, owner: str) -> bool:
-    """Record a step done, whether or not it had a row: new, ours, or left by a holder whose lease ran
-    out. False when another execution holds it or finished it first."""
-    params = {"job": ctx.job.id, "run": ctx.run, "name": name, "owner": owner, "result": _json(result)}
-    with connection.cursor() as cursor:
-        cursor.execute(_COMPLETE_SQL, params)
-        completed = cursor.fetchone()
-    if completed is None:
-        return False
-    ctx.rows[name] = StepRow(completed[0], name, StepStatus.DONE, result, 1, owner)
-    return True
 
 
 def _json(value):

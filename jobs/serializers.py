@@ -1,11 +1,14 @@
 """The job request (validated strictly: wrong types are errors, never coerced) and the job as answered."""
 
+import base64
+import binascii
 import re
 
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
-from executor.registry import model_spec
+from executor.registry import model_spec, provider_usable
+from executor.selectors import attempts_for, public_attempts
 from jobs.models import JobKind
 
 FALLBACK_REASONS = ("exhausted", "unavailable", "refused", "window_expired")
@@ -58,15 +61,47 @@ class PolicySerializer(StrictSerializer):
         default=lambda: list(DEFAULT_POLICY["fallback_on"]),
     )
 
+    # A per-attempt window (seconds) tighter than the provider's own: past it, no retry of that model.
+    window_s = serializers.FloatField(required=False, min_value=1, max_value=86400)
+
     def validate_fallback_on(self, value):
         return sorted(set(value), key=FALLBACK_REASONS.index)
 
+    def to_internal_value(self, data):
+        window = data.get("window_s") if isinstance(data, dict) else None
+        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))):
+            raise serializers.ValidationError({"window_s": ["A number of seconds is required."]})
+        return super().to_internal_value(data)
+
+
+class ReferenceSerializer(StrictSerializer):
+    """Reference media, uploaded to the provider's input store before each submit: inline bytes (base64)
+    or an object already in payonce's output store (an earlier job's output)."""
+
+    data = StrictCharField(required=False, max_length=200_000)
+    output_key = StrictCharField(required=False, max_length=1024)
+    content_type = StrictCharField(required=False, max_length=100)
+
+    def validate(self, attrs):
+        if ("data" in attrs) == ("output_key" in attrs):
+            raise serializers.ValidationError("Give exactly one of data (base64) or output_key.")
+        if "data" in attrs:
+            try:
+                base64.b64decode(attrs["data"], validate=True)
+            except (binascii.Error, ValueError):
+                raise serializers.ValidationError({"data": ["Not valid base64."]}) from None
+            if not re.fullmatch(r"(image|video)/[a-z0-9.+-]+", attrs.get("content_type", "")):
+                raise serializers.ValidationError({"content_type": ["image/* or video/* is required with data."]})
+        return attrs
+
 
 class MediaInputSerializer(serializers.Serializer):
-    """A media job's input: a prompt, an optional render time, and provider parameters passed through."""
+    """A media job's input: a prompt, an optional render time, reference media, and provider parameters
+    passed through."""
 
     prompt = StrictCharField(max_length=20000)
     render_s = serializers.FloatField(required=False, min_value=0, max_value=3600)
+    references = ReferenceSerializer(many=True, required=False, max_length=8)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -96,6 +131,11 @@ class JobCreateSerializer(StrictSerializer):
         unknown = [name for name in value if model_spec(name) is None]
         if unknown:
             raise serializers.ValidationError(f"Unknown model(s): {', '.join(unknown)}.")
+        unusable = [name for name in value if not provider_usable(model_spec(name).provider)]
+        if unusable:
+            raise serializers.ValidationError(
+                f"Real providers are on and these have no API key configured: {', '.join(unusable)}."
+            )
         if len(set(value)) != len(value):
             raise serializers.ValidationError("A model may appear only once in the chain.")
         return value
@@ -143,6 +183,7 @@ class AttemptSerializer(serializers.Serializer):
     duration_ms = serializers.IntegerField(allow_null=True)
     cost_usd = serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True)
     cost_source = serializers.CharField(allow_null=True)
+    usage = serializers.JSONField(allow_null=True)
 
 
 def _iso(value) -> str | None:
@@ -152,7 +193,12 @@ def _iso(value) -> str | None:
 
 def job_as_dict(job) -> dict:
     """A job as the API and webhooks show it. A plain function, because it runs in every API answer and
-    every event; JobSerializer (below) declares the same fields for the OpenAPI schema."""
+    every event; JobSerializer (below) declares the same fields for the OpenAPI schema. The attempts
+    come with the job (`attempt_rows`, read in the same statement) or are read here."""
+    rows = getattr(job, "attempt_rows", None)
+    if rows is None:
+        rows = attempts_for([job.id]).get(job.id, [])
+    attempts, cost = public_attempts(rows)
     return {
         "id": str(job.id),
         "kind": job.kind,
@@ -167,8 +213,8 @@ def job_as_dict(job) -> dict:
         "metadata": job.metadata,
         "output": job.output,
         "error": job.error,
-        "attempts": [],
-        "cost": {"total_usd": "0.000000", "unpriced_attempts": 0},
+        "attempts": attempts,
+        "cost": cost,
         "created_at": _iso(job.created_at),
         "started_at": _iso(job.started_at),
         "completed_at": _iso(job.completed_at),

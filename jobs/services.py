@@ -13,6 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from executor.registry import model_spec
+from executor.selectors import attempts_json_sql
 from jobs.errors import IdempotencyConflict
 from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus
 
@@ -114,8 +115,9 @@ def _insert_or_read(candidate: Job) -> tuple[Job | None, bool]:
         f"WITH inserted AS ("
         f" INSERT INTO {table} ({columns}) VALUES ({placeholders})"
         f" ON CONFLICT ON CONSTRAINT job_client_idempotency_key DO NOTHING RETURNING *)"
-        f" SELECT inserted.*, TRUE AS created FROM inserted"
-        f" UNION ALL SELECT {table}.*, FALSE FROM {table} WHERE client_id = %s AND idempotency_key = %s"
+        f" SELECT inserted.*, TRUE AS created, '[]'::json AS attempt_rows FROM inserted"
+        f" UNION ALL SELECT {table}.*, FALSE, {attempts_json_sql(table + '.id')}"
+        f" FROM {table} WHERE client_id = %s AND idempotency_key = %s"
     )
     rows = list(Job.objects.raw(sql, [*values, candidate.client_id, candidate.idempotency_key]))
     if not rows:
@@ -159,10 +161,10 @@ def _emit(job: Job, event: str) -> None:
     delivery_create(job=job, event=event, data=job_as_dict(job))
 
 
-_FINISH_SQL = """
+_FINISH_SQL = f"""
 UPDATE jobs_job SET status = %s, output = %s, error = %s, completed_at = now(), updated_at = now()
  WHERE id = %s AND status IN ('queued', 'running', 'waiting')
-RETURNING *
+RETURNING *, {attempts_json_sql("jobs_job.id")} AS attempt_rows
 """
 
 

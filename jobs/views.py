@@ -14,6 +14,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from executor.selectors import attempts_for, attempts_json_sql
 from executor.store import get_store
 from jobs import services
 from jobs.errors import (
@@ -137,6 +138,9 @@ class JobListCreateView(APIView):
             jobs = jobs.filter(status=status)
         paginator = JobPagination()
         page = paginator.paginate_queryset(jobs, request, view=self)
+        attempts = attempts_for([job.id for job in page])
+        for job in page:
+            job.attempt_rows = attempts.get(job.id, [])
         return paginator.get_paginated_response(JobSerializer(page, many=True).data)
 
 
@@ -146,8 +150,12 @@ class JobDetailView(APIView):
         return Response(JobSerializer(_own_job(request, job_id)).data)
 
 
+_OWN_JOB_SQL = f"SELECT j.*, {attempts_json_sql('j.id')} AS attempt_rows FROM jobs_job j WHERE j.id = %s AND j.client_id = %s"
+
+
 def _own_job(request, job_id) -> Job:
-    job = Job.objects.filter(client=request.user, id=job_id).first()
+    """The client's job with its attempts, in one statement; another client's job is 404."""
+    job = next(iter(Job.objects.raw(_OWN_JOB_SQL, [job_id, request.user.id])), None)
     if job is None:
         raise NotFound("Not found.")
     return job
@@ -158,10 +166,9 @@ class JobCancelView(APIView):
     def post(self, request, job_id):
         job = _own_job(request, job_id)
         if not services.job_cancel(job=job):
-            job.refresh_from_db()
+            job = _own_job(request, job_id)
             raise JobTerminal(f"The job has already ended ({job.status}).", status=job.status)
-        job.refresh_from_db()
-        return Response(JobSerializer(job).data)
+        return Response(JobSerializer(_own_job(request, job_id)).data)
 
 
 class JobRetryView(APIView):
@@ -170,11 +177,11 @@ class JobRetryView(APIView):
         job = _own_job(request, job_id)
         retried = services.job_retry(job=job)
         if retried is None:
-            job.refresh_from_db()
+            job = _own_job(request, job_id)
             raise JobNotRetryable(
                 f"Only failed or waiting jobs can be retried; this one is {job.status}.", status=job.status
             )
-        return Response(JobSerializer(retried).data, status=202)
+        return Response(JobSerializer(_own_job(request, job_id)).data, status=202)
 
 
 class JobOutputView(APIView):

@@ -14,23 +14,20 @@ import pytest
 import requests
 from kombu import Connection
 
-from config.celery import app as celery_app
 from jobs.models import Job
 from jobs.services import client_create
-from tests.support.procs import ProcfileProcess
-from tests.support.sandbox import free_port
+from tests.support.books import assert_books_balance
+from tests.support.procs import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 JOBS = 30
-# Short leases so that recovery (sweep interval + lease) fits a test; production defaults are 10/30/60 s.
-FAST_RECOVERY = {"SWEEP_INTERVAL_S": 1, "STEP_LEASE_S": 3, "ENQUEUE_LEASE_S": 4, "POLL_INTERVAL_S": 0.5,
-                 "WORKER_CONCURRENCY": 8}
 PREFORK_WORKER = ("celery -A config worker -Q jobs --pool prefork --concurrency 2 --hostname jobs@%h "
                   "--without-gossip --without-mingle --loglevel INFO")
 
 SCENARIOS = {
-    # broker URL, worker command (None: the Procfile's), how the broker loses its messages
+    # broker URL, worker command (None: the Procfile's), how the broker loses its messages. Each stack has
+# short leases so that recovery (sweep interval + lease) fits a test (tests.support.procs.Stack).
     "redis": ("redis://127.0.0.1:6379/12", None, "flushall"),
     "redis-prefork-children": ("redis://127.0.0.1:6379/12", PREFORK_WORKER, "flushall"),
     "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672//", None, "purge"),
@@ -48,24 +45,11 @@ def lose_every_message(broker_url: str, how: str) -> None:
 @pytest.fixture
 def stack(request, ledger):
     broker_url, worker_command, how = SCENARIOS[request.param]
-    with Connection(broker_url) as conn:  # a broker left with messages by an earlier run would skew the count
-        conn.ensure_connection(max_retries=3)
-        jobs_queue = celery_app.amqp.queues["jobs"](conn.default_channel)
-        jobs_queue.declare()  # exactly as the workers declare it
-        jobs_queue.purge()
-    env = {**FAST_RECOVERY, "BROKER_URL": broker_url, "PORT": free_port()}
-    processes = {
-        "web": ProcfileProcess("web", env),
-        "worker": ProcfileProcess("worker", env, command=worker_command),
-        "beat": ProcfileProcess("beat", env),
-    }
+    processes = Stack(broker_url, worker_command)
     try:
-        for process in processes.values():
-            process.start()
-        yield processes, broker_url, how
+        yield processes.start(), broker_url, how
     finally:
-        for process in processes.values():
-            process.stop()
+        processes.stop()
 
 
 @pytest.mark.parametrize("stack", list(SCENARIOS), indirect=True)
@@ -73,7 +57,7 @@ def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(stack, 
     processes, broker_url, how = stack
     worker = processes["worker"]
     credentials = client_create(name="crash")
-    url = f"http://127.0.0.1:{processes['web'].port}/v1/jobs"
+    url = f"{processes.url}/v1/jobs"
     headers = {"Authorization": f"Bearer {credentials['api_key']}"}
     job_ids = []
     for n in range(JOBS):
@@ -112,6 +96,7 @@ def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(stack, 
         assert "sweeper: resuming" in worker.output()
 
     charges = ledger.ledger()["charges"]
+    assert_books_balance(ledger, job_ids)  # every charge is one attempt row with its upstream key
     per_job = {job_id: [c for c in charges if c["metadata"].get("payonce_job") == job_id] for job_id in job_ids}
     assert len(charges) == JOBS, f"{len(charges)} charges for {JOBS} jobs"
     for job_id, job_charges in per_job.items():

@@ -1,0 +1,54 @@
+"""Reads of the executor's record: a job's attempts as the API shows them, and what they cost."""
+
+from decimal import Decimal
+
+from django.db import connection
+
+# A job's attempts, API-shaped, as one JSON value: a subquery other reads embed (`%s` is the job id
+# column or a parameter), so a job and its attempts come back in one statement.
+ATTEMPTS_JSON_SQL = """
+(SELECT coalesce(json_agg(json_build_object(
+        'number', a.number, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
+        'state', a.state, 'error_class', a.error_class, 'error', a.error, 'duration_ms', a.duration_ms,
+        'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage,
+        'maybe_paid', a.accepted_at IS NOT NULL OR a.state IN ('submitting', 'uncertain'))
+        ORDER BY a.number), '[]'::json)
+   FROM executor_attempt a WHERE a.job_id = {job})
+"""
+
+_SIX = Decimal("0.000001")
+
+
+def attempts_json_sql(job_column: str) -> str:
+    return ATTEMPTS_JSON_SQL.format(job=job_column)
+
+
+def attempts_for(job_ids) -> dict:
+    """{job_id: [attempt, ...]} for many jobs in one statement."""
+    found = {}
+    if not job_ids:
+        return found
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT j.id, {attempts_json_sql('j.id')} FROM jobs_job j WHERE j.id = ANY(%s)", [list(job_ids)]
+        )
+        for job_id, rows in cursor.fetchall():
+            found[job_id] = rows
+    return found
+
+
+def public_attempts(rows: list[dict]) -> tuple[list[dict], dict]:
+    """The attempts as the API shows them, and the job's cost: the sum of priced attempts, and how many
+    attempts that may have been paid nobody could price (null is not zero)."""
+    attempts, total, unpriced = [], Decimal(0), 0
+    for row in rows:
+        row = dict(row)
+        maybe_paid = row.pop("maybe_paid")
+        if row["cost_usd"] is None:
+            unpriced += 1 if maybe_paid else 0
+        else:
+            cost = Decimal(row["cost_usd"]).quantize(_SIX)
+            total += cost
+            row["cost_usd"] = str(cost)
+        attempts.append(row)
+    return attempts, {"total_usd": str(total.quantize(_SIX)), "unpriced_attempts": unpriced}

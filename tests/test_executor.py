@@ -1,0 +1,251 @@
+"""The executor against the sandbox over HTTP, with the worker as the Procfile starts it: where money is
+spent. Every test reads the sandbox's ledger and checks that the books balance."""
+
+import base64
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+import requests
+from django.utils import timezone
+
+from executor.models import Attempt
+from executor.store import get_store
+from jobs import runner
+from jobs.models import Job, Step
+from jobs.tasks import start_run
+from tests.conftest import media_body
+from tests.support.books import assert_books_balance
+from tests.test_e2e_engine import wait_until
+from tests.test_e2e_media import wait_for
+from webhooks.models import Delivery
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+ENDED = {"succeeded", "failed", "cancelled", "waiting"}
+
+
+def submits(ledger, job_id=None) -> list[dict]:
+    return [c for c in ledger.calls() if c["kind"] == "submit"
+            and (job_id is None or (c["metadata"] or {}).get("payonce_job") == job_id)]
+
+
+def attempts(job_id) -> list[Attempt]:
+    return list(Attempt.objects.filter(job_id=job_id).order_by("number"))
+
+
+def run_job(api, ledger, body, key="x"):
+    response = api.create(body, key=key)
+    assert response.status_code == 201, response.content
+    job, _ = wait_for(api, response.json()["id"], ENDED)
+    return job
+
+
+# --- unknown outcomes: resolved by what the provider can do ---------------------------------------------
+
+
+def test_503_on_submit_resends_the_same_key_and_pays_once(jobs_worker, ledger, api):
+    ledger.faults([{"model": "video-keyed", "action": "status_503"}])
+    job = run_job(api, ledger, media_body())
+
+    assert job["status"] == "succeeded", job
+    sent = submits(ledger, job["id"])
+    assert [c["request_id"] for c in sent] == [f"payonce-{job['id']}-1"] * 2
+    assert [c["status"] for c in sent] == [503, 202]
+    [attempt] = attempts(job["id"])
+    assert (attempt.number, attempt.sends, attempt.state) == (1, 2, "succeeded")
+    assert len(assert_books_balance(ledger, [job["id"]])) == 1
+
+
+def test_accept_then_drop_on_a_keyed_model_pays_once_and_succeeds(jobs_worker, ledger, api):
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}])
+    job = run_job(api, ledger, media_body())
+
+    assert job["status"] == "succeeded", job
+    assert [c["request_id"] for c in submits(ledger, job["id"])] == [f"payonce-{job['id']}-1"] * 2
+    assert len(assert_books_balance(ledger, [job["id"]])) == 1
+    assert job["attempts"][0]["cost_usd"] == "0.400000" and job["cost"]["total_usd"] == "0.400000"
+
+
+def test_accept_then_drop_on_a_lookup_model_is_reconciled_without_a_second_submit(jobs_worker, ledger, api):
+    ledger.faults([{"model": "image-lookup", "action": "accept_then_drop"}])
+    job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
+
+    assert job["status"] == "succeeded", job
+    assert len(submits(ledger, job["id"])) == 1  # no second submit: the lookup found it
+    lookups = [c for c in ledger.calls() if c["kind"] == "lookup"]
+    assert len(lookups) == 1 and lookups[0]["metadata"] == {"upstream_key": f"payonce-{job['id']}-1"}
+    assert len(assert_books_balance(ledger, [job["id"]])) == 1
+
+
+def test_accept_then_drop_on_a_blind_model_holds_for_a_person_and_retry_pays_under_key_2(jobs_worker, ledger, api):
+    ledger.faults([{"model": "image-blind", "action": "accept_then_drop"}])
+    job = run_job(api, ledger, media_body(models=["sandbox/image-blind"]))
+
+    assert job["status"] == "waiting", job
+    assert job["error"]["code"] == "UNCERTAIN_SUBMIT"
+    assert job["attempts"][0]["state"] == "uncertain"
+    assert job["cost"]["unpriced_attempts"] == 1  # it may have been paid; nobody can say for how much
+    assert list(Delivery.objects.filter(job_id=job["id"]).values_list("id", flat=True)) == [
+        f"{job['id']}:1:generation.needs_review"]
+    assert len(assert_books_balance(ledger, [job["id"]])) == 1
+    assert len(submits(ledger, job["id"])) == 1  # held: nothing was sent again
+
+    retried = api.http.post(f"/v1/jobs/{job['id']}/retry", headers=api.headers())
+    assert retried.status_code == 202
+    done = wait_until(lambda: (j := api.job(job["id"]))["status"] == "succeeded" and j, message="run 2 succeeded")
+
+    assert done["run"] == 2
+    assert [c["request_id"] for c in submits(ledger, job["id"])] == [
+        f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
+    assert [a["state"] for a in done["attempts"]] == ["uncertain", "succeeded"]
+    assert len(assert_books_balance(ledger, [job["id"]])) == 2  # a person decided to pay again
+
+
+# --- definite answers ----------------------------------------------------------------------------------
+
+
+def test_a_422_refusal_fails_with_the_providers_words_and_a_retry_goes_out_as_key_2(jobs_worker, ledger, api):
+    words = "duration_secs must be 8 when reference images are given"
+    ledger.faults([{"model": "video-keyed", "action": "status_422", "message": words}])
+    job = run_job(api, ledger, media_body())
+
+    assert job["status"] == "failed"
+    assert job["error"]["code"] == "INVALID_INPUT" and job["error"]["message"] == words
+    assert job["attempts"][0]["error"] == words and job["attempts"][0]["error_class"] == "invalid_input"
+    assert ledger.ledger()["charges"] == []
+    assert api.http.post(f"/v1/jobs/{job['id']}/retry", headers=api.headers()).status_code == 202
+    done = wait_until(lambda: (j := api.job(job["id"]))["status"] == "succeeded" and j, message="retry succeeded")
+    assert [c["request_id"] for c in submits(ledger, job["id"])] == [
+        f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
+    assert [a["number"] for a in done["attempts"]] == [1, 2]
+    assert len(assert_books_balance(ledger, [job["id"]])) == 1
+
+
+def test_fallback_to_the_next_model_after_exhausted_attempts(jobs_worker, ledger, api):
+    ledger.faults([{"model": "video-keyed", "action": "status_429", "times": 3, "seconds": 0.1}])
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      policy={"attempts_per_model": 3, "fallback_on": ["exhausted"]})
+    job = run_job(api, ledger, body)
+
+    assert job["status"] == "succeeded", job
+    assert [(a["number"], a["model"], a["state"], a["error_class"]) for a in job["attempts"]] == [
+        (1, "video-keyed", "failed", "rate_limited"),
+        (2, "video-keyed", "failed", "rate_limited"),
+        (3, "video-keyed", "failed", "rate_limited"),
+        (4, "image-lookup", "succeeded", None),
+    ]
+    charges = assert_books_balance(ledger, [job["id"]])
+    assert [c["request_id"] for c in charges] == [f"payonce-{job['id']}-4"]  # a 429 is not paid
+
+
+def test_an_auth_error_stops_the_chain_at_once(jobs_worker, ledger, api):
+    ledger.faults([{"model": "video-keyed", "action": "status_401"}])
+    job = run_job(api, ledger, media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                                          policy={"fallback_on": ["exhausted", "unavailable", "refused"]}))
+
+    assert job["status"] == "failed" and job["error"]["code"] == "PROVIDER_AUTH"
+    assert len(submits(ledger)) == 1  # no retry, no fallback
+    assert assert_books_balance(ledger, [job["id"]]) == []
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["no-fallback", "fallback"])
+def test_an_expired_window_does_not_retry_the_same_model(jobs_worker, ledger, api, fallback):
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      input={"prompt": "a long render", "render_s": 30},
+                      policy={"attempts_per_model": 3, "window_s": 1,
+                              "fallback_on": ["window_expired"] if fallback else []})
+    job = run_job(api, ledger, body)
+
+    first = job["attempts"][0]
+    assert (first["model"], first["state"], first["error_class"]) == ("video-keyed", "failed", "window_expired")
+    keyed_submits = [c for c in submits(ledger, job["id"]) if c["model"] == "video-keyed"]
+    assert len(keyed_submits) == 1  # the provider may bill the whole run: never again on this model
+    generation = requests.get(f"{ledger.url}/v1/generations/gen_000001", timeout=5).json()
+    assert generation["status"] == "cancelled"  # and the render was stopped upstream
+    if fallback:
+        # The chain moved on (the same window then expired on the next model too: one attempt each).
+        assert [(a["model"], a["error_class"]) for a in job["attempts"]] == [
+            ("video-keyed", "window_expired"), ("image-lookup", "window_expired")]
+        assert job["status"] == "failed" and job["error"]["code"] == "WINDOW_EXPIRED"
+        assert [c["model"] for c in submits(ledger, job["id"])] == ["video-keyed", "image-lookup"]
+    else:
+        assert job["status"] == "failed" and job["error"]["code"] == "WINDOW_EXPIRED"
+        assert len(job["attempts"]) == 1
+    assert_books_balance(ledger, [job["id"]])
+
+
+# --- the output key, read back before paying -----------------------------------------------------------
+
+
+def unsent_job(api, **overrides) -> Job:
+    """A job row as the API writes it, not yet enqueued: the test prepares the store first."""
+    body = media_body(**overrides)
+    job_id = uuid.uuid4()
+    return Job.objects.create(
+        id=job_id, client_id=api.client_id, idempotency_key=f"k-{job_id}", request_hash="0" * 64,
+        kind="media", model_chain=body["models"], input=body["input"],
+        policy={"attempts_per_model": 3, "fallback_on": []}, output_key=body.get("output_key", f"outputs/{job_id}/o.mp4"),
+        metadata={}, lease_until=timezone.now() + timedelta(minutes=10),
+    )
+
+
+def test_output_already_written_by_this_job_is_success_with_no_provider_call(jobs_worker, ledger, api):
+    job = unsent_job(api)
+    get_store().put(job.output_key, b"rendered before a crash", content_type="video/mp4",
+                    metadata={"written_by": str(job.id), "provider": "sandbox", "model": "video-keyed", "attempt": "1"})
+    start_run(job.id, 1, "media")
+    done, _ = wait_for(api, str(job.id), ENDED)
+
+    assert done["status"] == "succeeded"
+    assert done["output"]["written_by"] == str(job.id) and done["attempts"] == []
+    assert ledger.calls() == [] and ledger.ledger()["charges"] == []
+
+
+def test_output_written_by_another_job_is_a_conflict_with_no_provider_call(jobs_worker, ledger, api):
+    job = unsent_job(api, output_key=f"renders/{uuid.uuid4()}/shared.mp4")
+    other = str(uuid.uuid4())
+    get_store().put(job.output_key, b"another job's film", content_type="video/mp4",
+                    metadata={"written_by": other, "provider": "sandbox", "model": "video-keyed", "attempt": "1"})
+    start_run(job.id, 1, "media")
+    done, _ = wait_for(api, str(job.id), ENDED)
+
+    assert done["status"] == "failed" and done["error"]["code"] == "OUTPUT_KEY_CONFLICT"
+    assert ledger.calls() == []
+    with get_store().open(job.output_key) as handle:
+        assert handle.read() == b"another job's film"  # never overwritten
+
+
+# --- before the submit: pre-submit checks and inputs -------------------------------------------------------
+
+
+def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker, ledger, api):
+    ledger.faults([{"model": "video-keyed", "action": "status_503"}])
+    png = b"\x89PNG\r\n\x1a\n reference"
+    body = media_body(input={"prompt": "in this style", "render_s": 0,
+                             "references": [{"data": base64.b64encode(png).decode(), "content_type": "image/png"}]})
+    job = run_job(api, ledger, body)
+
+    assert job["status"] == "succeeded", job
+    kinds = [c["kind"] for c in ledger.calls() if c["kind"] in ("upload", "submit")]
+    assert kinds == ["upload", "submit", "upload", "submit"]  # a later pass uploads them again
+    uploaded = requests.get(f"{ledger.url}/v1/inputs/inp_000001/content", timeout=5).content
+    assert uploaded == png
+    assert len(assert_books_balance(ledger, [job["id"]])) == 1
+
+
+def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settings, monkeypatch):
+    settings.PRE_SUBMIT_CHECKS = ["executor.checks.blocked_subjects"]
+    monkeypatch.setenv("BLOCKED_SUBJECTS", "Alice Example, Bob")
+    job = unsent_job(api, input={"prompt": "a portrait of alice example", "render_s": 0})
+
+    outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="t")
+
+    assert outcome == runner.Stop("failed: PRE_SUBMIT_REFUSED")
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error["code"] == "PRE_SUBMIT_REFUSED"
+    assert "alice example" in job.error["message"].lower()
+    [attempt] = attempts(job.id)
+    assert (attempt.state, attempt.error_class, attempt.sends) == ("failed", "pre_submit_refused", 1)
+    assert ledger.calls() == []
+    assert Step.objects.get(job=job, name="submit").status == "failed"
