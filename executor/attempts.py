@@ -78,8 +78,8 @@ def upstream_key(job, number: int) -> str:
 def submit(job) -> dict:
     """Get an attempt of this run accepted by a provider. Returns it; raises StepRetry to come back
     after a back-off, JobFailure when the chain is over, JobHold when a person must decide."""
+    current = _latest(job)
     while True:
-        current = _latest(job)
         if current is not None and current.state in (AttemptState.RUNNING, AttemptState.SUCCEEDED):
             return _accepted(current)
         if current is not None and current.state == AttemptState.SUBMITTING:
@@ -88,7 +88,8 @@ def submit(job) -> dict:
         model, countdown = _next_model(job, current)
         if countdown > 0:
             raise StepRetry(f"next attempt on {model} after a back-off", countdown=countdown)
-        _send(job, _intend(job, model))
+        current = _intend(job, model)
+        _send(job, current)  # the row in hand now says what the provider answered
 
 
 # --- the wait step: until the accepted attempt is done ---------------------------------------------------
