@@ -231,7 +231,13 @@ def _send(job, attempt: Attempt) -> None:
         _end(attempt, AttemptState.FAILED, error_class=ErrorClass.CANCELLED, error="the job was cancelled")
         raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
     try:
-        inputs = _upload_inputs(job, spec)
+        # A send of an attempt that went out before reuses what it referred to: the same key must carry
+        # the same request. A new attempt uploads the references again.
+        inputs = attempt.request.get("inputs")
+        if inputs is None:
+            inputs = _upload_inputs(job, spec)
+            if inputs:
+                _update(attempt, request={**attempt.request, "inputs": inputs})
     except ProviderError as exc:
         if exc.outcome_unknown or exc.kind == ErrorClass.RATE_LIMITED:
             # Uploads cost nothing: the next pass uploads again under the same attempt.
@@ -243,7 +249,8 @@ def _send(job, attempt: Attempt) -> None:
     started = time.monotonic()
     try:
         submission = provider.submit(spec.model, upstream_key=attempt.upstream_key, inputs=inputs,
-                                     **attempt.request)
+                                     prompt=attempt.request["prompt"], params=attempt.request["params"],
+                                     metadata=attempt.request["metadata"])
     except ProviderError as exc:
         _answered_error(job, attempt, spec, exc, started)
         return
@@ -275,7 +282,7 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
             found = services.provider(spec).lookup(
                 spec.model, upstream_key=attempt.upstream_key, metadata=attempt.request["metadata"],
                 prompt=attempt.request["prompt"], params=attempt.request["params"],
-                submitted_at=attempt.submitted_at.timestamp(),
+                submitted_at=attempt.submitted_at.timestamp(), inputs=attempt.request.get("inputs") or [],
             )
         except ProviderError as exc:
             raise StepRetry(f"lookup failed ({exc.kind}: {exc.message})") from exc

@@ -220,17 +220,25 @@ def test_output_written_by_another_job_is_a_conflict_with_no_provider_call(jobs_
 
 
 def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker, ledger, api):
-    ledger.faults([{"model": "video-keyed", "action": "status_503"}])
+    # A 503 (unknown outcome: the same key again, so the same request, with the same inputs), then a
+    # 429 (a definite end: a new attempt, which uploads the references again).
+    ledger.faults([{"model": "video-keyed", "action": "status_503"},
+                   {"model": "video-keyed", "action": "status_429", "seconds": 0.1}])
     png = b"\x89PNG\r\n\x1a\n reference"
     body = media_body(input={"prompt": "in this style", "render_s": 0,
                              "references": [{"data": base64.b64encode(png).decode(), "content_type": "image/png"}]})
     job = run_job(api, ledger, body)
 
     assert job["status"] == "succeeded", job
-    kinds = [c["kind"] for c in ledger.calls() if c["kind"] in ("upload", "submit")]
-    assert kinds == ["upload", "submit", "upload", "submit"]  # a later pass uploads them again
+    calls = [c for c in ledger.calls() if c["kind"] in ("upload", "submit")]
+    assert [(c["kind"], c["request_id"]) for c in calls] == [
+        ("upload", None), ("submit", f"payonce-{job['id']}-1"), ("submit", f"payonce-{job['id']}-1"),
+        ("upload", None), ("submit", f"payonce-{job['id']}-2"),
+    ]
     uploaded = requests.get(f"{ledger.url}/v1/inputs/inp_000001/content", timeout=5).content
     assert uploaded == png
+    sent = Attempt.objects.get(job_id=job["id"], number=2).request["inputs"]
+    assert sent == ["inp_000002"]
     assert len(assert_books_balance(ledger, [job["id"]])) == 1
 
 

@@ -132,8 +132,9 @@ class MediaProvider(Protocol):
     def poll(self, model: str, upstream_id: str) -> PollResult: ...
 
     def lookup(self, model: str, *, upstream_key: str, metadata: dict, prompt: str, params: dict,
-               submitted_at: float) -> Submission | None:
-        """Find a submission made earlier for this attempt (capability `lookup`); None if there is none."""
+               submitted_at: float, inputs: list[str] | None = None) -> Submission | None:
+        """Find a submission made earlier for this attempt (capability `lookup`); None only when it is
+        proven absent (a search that could not finish raises, with an unknown outcome)."""
 
     def cancel(self, model: str, upstream_id: str) -> None: ...
 

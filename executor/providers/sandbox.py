@@ -71,7 +71,7 @@ class SandboxProvider:
         )
 
     def lookup(self, model: str, *, upstream_key: str, metadata: dict, prompt: str, params: dict,
-               submitted_at: float) -> Submission | None:
+               submitted_at: float, inputs: list[str] | None = None) -> Submission | None:
         query = {"model": model, "metadata.upstream_key": upstream_key}
         found = self._call("GET", "/v1/generations", params=query).json()["data"]
         return self._submission(found[0]) if found else None

@@ -1,0 +1,131 @@
+"""Whether the real provider adapters spend real money (DESIGN.md, section 6), and the one door through
+which they reach the network or, with REAL_PROVIDERS off, its recording.
+
+Spending is opt-in: with REAL_PROVIDERS off, `anthropic`, `openai` and `replicate` answer from recorded
+fixtures (executor.providers.replay) and never open a socket. With it on, each needs its key, and a
+deployment switched on with nothing usable refuses to start (`check_real_providers`).
+Settings are read at call time, never at import time, so tests (and a reloaded config) can change them.
+"""
+
+import requests
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from executor.providers import http
+from executor.providers.base import ErrorClass, ProviderError
+
+REAL_PROVIDER_NAMES = ("anthropic", "openai", "replicate")
+KEY_SETTINGS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "replicate": "REPLICATE_API_TOKEN"}
+DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+# An LLM answers nothing until its whole text is written (no streaming here): a long chapter takes a minute
+# or two, far past PROVIDER_READ_TIMEOUT_S. Cutting it short would be an unknown outcome that is paid for
+# and then resubmitted, so text calls wait up to 120 s (DESIGN.md, section 7).
+LLM_READ_TIMEOUT_S = 120.0
+
+
+def real_providers_on() -> bool:
+    return bool(settings.REAL_PROVIDERS)
+
+
+def replaying(replay: bool | None = None) -> bool:
+    """Does a real adapter answer from recorded fixtures? Its own `replay` flag when set (tests), otherwise
+    whenever REAL_PROVIDERS is off."""
+    return replay if replay is not None else not real_providers_on()
+
+
+def configured_providers() -> set[str]:
+    """The real providers whose key (or token) is set."""
+    return {name for name, setting in KEY_SETTINGS.items() if getattr(settings, setting, "")}
+
+
+def openai_is_local(base_url: str | None = None) -> bool:
+    """An OpenAI-compatible server other than OpenAI's own (vLLM, llama.cpp, Ollama...) may run keyless."""
+    base_url = (base_url or settings.OPENAI_BASE_URL).rstrip("/")
+    return base_url != DEFAULT_OPENAI_BASE_URL
+
+
+def provider_is_usable(name: str) -> bool:
+    """May a job name this provider's models now?
+
+    REAL_PROVIDERS off: yes, the adapter answers from fixtures. On: only with its key, except `openai`
+    pointed at a non-default OPENAI_BASE_URL (a local server, which may run keyless). Providers that are
+    not real (the sandbox) are not governed by REAL_PROVIDERS and are always usable.
+    """
+    if name not in KEY_SETTINGS or not real_providers_on():
+        return True
+    if name in configured_providers():
+        return True
+    return name == "openai" and openai_is_local()
+
+
+def check_real_providers() -> set[str]:
+    """Refuse to start when REAL_PROVIDERS is on and no real provider can be used; returns the usable ones
+    (empty when REAL_PROVIDERS is off: every real provider then answers from fixtures).
+
+    A keyless local OpenAI-compatible server (OPENAI_BASE_URL changed from the default) counts as usable:
+    it spends nothing, and its operator chose it explicitly.
+    """
+    if not real_providers_on():
+        return set()
+    usable = {name for name in REAL_PROVIDER_NAMES if provider_is_usable(name)}
+    if not usable:
+        raise ImproperlyConfigured(
+            "REAL_PROVIDERS is on but no provider key is set: set at least one of ANTHROPIC_API_KEY, "
+            "OPENAI_API_KEY, REPLICATE_API_TOKEN (or point OPENAI_BASE_URL at a local server), "
+            "or switch REAL_PROVIDERS off to answer from recorded fixtures."
+        )
+    return usable
+
+
+def llm_timeout(read_timeout_s: float | None = None) -> tuple[float, float]:
+    """(connect, read) timeouts of a text call: the adapter's own read timeout when it was given one,
+    otherwise 120 s or PROVIDER_READ_TIMEOUT_S, whichever is longer."""
+    read = read_timeout_s if read_timeout_s is not None else max(settings.PROVIDER_READ_TIMEOUT_S, LLM_READ_TIMEOUT_S)
+    return settings.PROVIDER_CONNECT_TIMEOUT_S, read
+
+
+def missing_key(name: str) -> ProviderError:
+    """Raised before any network call by an adapter switched to real mode without its key."""
+    return ProviderError(ErrorClass.AUTH, f"{KEY_SETTINGS[name]} is not set (REAL_PROVIDERS is on)")
+
+
+def send(method: str, url: str, *, base_url: str, replay: bool | None = None, **kwargs) -> requests.Response:
+    """http.send for a real adapter. Replaying (REAL_PROVIDERS off, unless the adapter was told otherwise)
+    goes through a per-thread session of its own on which executor.providers.replay is mounted for every
+    URL, so a recorded answer can never fall through to the network, and the real session for the same
+    base URL is never touched."""
+    if replaying(replay):
+        from executor.providers.replay import replay_session_key
+
+        return http.send(method, url, base_url=replay_session_key(base_url), **kwargs)
+    return http.send(method, url, base_url=base_url, **kwargs)
+
+
+def json_answer(response: requests.Response) -> dict:
+    """The JSON object of a 2xx answer. An unreadable one (a proxy's HTML page, a cut body) is a server
+    error whose outcome is unknown: the provider may well have done, and billed, the work."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ProviderError(
+            ErrorClass.SERVER_ERROR,
+            f"unreadable answer (HTTP {response.status_code}): {response.text[:300]!r}",
+            status=response.status_code,
+            outcome_unknown=True,
+        )
+    return data
+
+
+def error_body(response: requests.Response) -> dict:
+    """The JSON object of an error answer, or {} when it is not one."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def fallback_message(response: requests.Response) -> str:
+    return response.text[:500].strip() or response.reason or f"HTTP {response.status_code}"
