@@ -113,4 +113,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.manage("shell", "-c", "from config.celery import app; app.control.purge()")
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if os.environ.get("BENCH_KEEP_LOGS"):
+            print(f"logs kept in {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)

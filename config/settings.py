@@ -150,6 +150,15 @@ REAL_PROVIDERS = env_bool("REAL_PROVIDERS", False)
 SWEEP_INTERVAL_S = env_float("SWEEP_INTERVAL_S", 10.0, minimum=0.1)
 POLL_INTERVAL_S = env_float("POLL_INTERVAL_S", 2.0, minimum=0.05)
 WEBHOOK_RETRY_SCHEDULE = env_int_list("WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000,36000")
+# A delivery's first try is enqueued when its event commits; the drainer takes the row only if that
+# message has not sent it within this grace.
+WEBHOOK_FIRST_TRY_GRACE_S = env_float("WEBHOOK_FIRST_TRY_GRACE_S", 30.0, minimum=0.0)
+# A try holds its row this long (the SSRF guard's 5 s connect + 15 s read, and margin): a dispatcher that
+# died mid-try delays the row by at most this.
+WEBHOOK_SEND_LEASE_S = env_float("WEBHOOK_SEND_LEASE_S", 60.0, minimum=1.0)
+WEBHOOK_DRAIN_INTERVAL_S = env_float("WEBHOOK_DRAIN_INTERVAL_S", 5.0, minimum=0.1)
+# Due rows for one target travel to a dispatcher together, up to this many per message.
+WEBHOOK_BATCH_SIZE = env_int("WEBHOOK_BATCH_SIZE", 50, minimum=1)
 
 # Real providers (DESIGN.md, section 6: spending real money is opt-in). Off: the real adapters answer from
 # recorded fixtures, with no network. On: each adapter needs its key, and REAL_PROVIDERS=1 with no key at
@@ -235,4 +244,6 @@ CELERY_BEAT_SCHEDULER = "config.celery:Scheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "jobs.sweep", "schedule": SWEEP_INTERVAL_S, "options": {"expires": SWEEP_INTERVAL_S}},
+    "drain-deliveries": {"task": "webhooks.drain", "schedule": WEBHOOK_DRAIN_INTERVAL_S,
+                         "options": {"expires": WEBHOOK_DRAIN_INTERVAL_S}},
 }

@@ -10,6 +10,7 @@ from rest_framework import serializers
 from executor.registry import model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from jobs.models import JobKind
+from webhooks import ssrf
 
 FALLBACK_REASONS = ("exhausted", "unavailable", "refused", "window_expired")
 DEFAULT_POLICY = {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]}
@@ -151,6 +152,10 @@ class JobCreateSerializer(StrictSerializer):
     def validate_webhook_url(self, value):
         if not value.lower().startswith(("http://", "https://")):
             raise serializers.ValidationError("Only http and https URLs.")
+        try:  # private, loopback and link-local targets are refused after DNS (checked again at send)
+            ssrf.check_url(value)
+        except ssrf.Refused as refused:
+            raise serializers.ValidationError(f"This webhook URL may not be used ({refused.reason}): {refused}") from None
         return value
 
     def validate(self, attrs):

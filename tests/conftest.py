@@ -52,6 +52,47 @@ def jobs_worker(django_db_setup, django_db_blocker, sandbox, empty_broker):
     worker.stop()
 
 
+# Deliveries in tests: loopback receivers are allowed, and the retry schedule is seconds, not hours.
+WEBHOOK_TEST_ENV = {"WEBHOOK_ALLOW_PRIVATE": 1, "WEBHOOK_RETRY_SCHEDULE": "1,1,1", "WEBHOOK_SEND_LEASE_S": 3,
+                    "WEBHOOK_FIRST_TRY_GRACE_S": 1}
+
+
+@pytest.fixture(scope="session")
+def webhooks_worker(django_db_setup, django_db_blocker, empty_broker):
+    """One `webhooks` process as the Procfile starts it, on the test database and broker."""
+    with django_db_blocker.unblock():
+        worker = ProcfileProcess("webhooks", env=WEBHOOK_TEST_ENV).start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def drainer(webhooks_worker, settings):
+    """The drainer as beat runs it (webhooks.tasks.drain), every 0.2 s from a thread of this process."""
+    import threading
+
+    from django.db import connections
+
+    from webhooks.tasks import drain
+
+    for name, value in WEBHOOK_TEST_ENV.items():
+        setattr(settings, name, [int(v) for v in value.split(",")] if name == "WEBHOOK_RETRY_SCHEDULE" else value)
+    stop = threading.Event()
+
+    def loop():
+        try:
+            while not stop.wait(0.2):
+                drain()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
 class Api:
     """A client's view of the API through Django's test client (in process, real database)."""
 

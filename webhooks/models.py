@@ -1,4 +1,4 @@
-"""A client's webhook endpoint and its signing secrets (Standard Webhooks `whsec_...`)."""
+"""Webhooks: a client's endpoint and signing secrets, the delivery outbox, and one row per try."""
 
 from django.db import models
 from django.utils import timezone
@@ -10,14 +10,19 @@ class Endpoint(models.Model):
     client = models.OneToOneField("jobs.Client", on_delete=models.CASCADE, related_name="webhook_endpoint")
     url = models.CharField(max_length=2048, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # A receiver that answers 410 Gone has said it wants nothing more: its deliveries wait (visible in
+    # the admin) until an operator enables it again.
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    disabled_reason = models.CharField(max_length=300, blank=True, default="")
 
     def __str__(self):
         return self.url or f"(no default URL) for {self.client_id}"
 
 
 class SigningSecret(models.Model):
-    """A signing secret. The newest one signs; during a rotation the previous one signs too until it
-    expires, so receivers can switch without missing a verification."""
+    """A signing secret (`whsec_` + base64 of 32 random bytes). Every secret that has not expired signs:
+    after a rotation the old one keeps signing for 24 hours, so a receiver can switch without missing a
+    verification (two signatures in the header)."""
 
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="secrets")
     secret = models.CharField(max_length=100)
@@ -26,6 +31,9 @@ class SigningSecret(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.secret[:10]}... ({'expires ' + str(self.expires_at) if self.expires_at else 'current'})"
 
 
 class DeliveryStatus(models.TextChoices):
@@ -39,7 +47,9 @@ class Delivery(models.Model):
     it reports, so an event exists if and only if the state changed (DESIGN.md, section 5).
 
     The id `{job_id}:{run}:{event}` is the `webhook-id` of every try; inserting it again does nothing.
-    `envelope` keeps the exact bytes that are signed and sent.
+    `envelope` keeps the exact bytes that are signed and sent, on every try and every replay.
+    `next_attempt_at` is when the row is due, and, once a drainer or a dispatcher has taken it, its lease:
+    pushed out while a try is under way, so no two processes send the row at once.
     """
 
     id = models.CharField(primary_key=True, max_length=200)
@@ -52,7 +62,9 @@ class Delivery(models.Model):
     url = models.CharField(max_length=2048, blank=True, default="")
     envelope = models.TextField()
     status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)  # tries, all time
+    # Tries since the row was created or last replayed: the position in WEBHOOK_RETRY_SCHEDULE.
+    schedule_position = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     last_status_code = models.PositiveIntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
@@ -62,8 +74,30 @@ class Delivery(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["next_attempt_at"], name="delivery_due", condition=models.Q(status="pending")),
+            models.Index(fields=["status", "created_at"], name="delivery_status_created"),
         ]
         verbose_name_plural = "deliveries"
 
     def __str__(self):
         return self.id
+
+
+class DeliveryAttempt(models.Model):
+    """One try of a delivery: when, how long, what came back (the body cut to 20 kB), or what failed."""
+
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="tries")
+    number = models.PositiveIntegerField()
+    attempted_at = models.DateTimeField(default=timezone.now)
+    webhook_timestamp = models.BigIntegerField()
+    url = models.CharField(max_length=2048)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    response_body = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"], name="delivery_attempt_number")]
+
+    def __str__(self):
+        return f"{self.delivery_id} try {self.number}: {self.status_code or self.error[:40]}"

@@ -1,15 +1,49 @@
-"""State changes of the webhooks app: endpoints, their secrets, and the delivery outbox."""
+"""State changes of the webhooks app: endpoints and their secrets, the delivery outbox, and each try.
+
+At least once, never blocking paid work (DESIGN.md, section 5):
+1. A state change writes its `Delivery` row in its own transaction; the first try is enqueued when that
+   transaction commits.
+2. A try is claimed by a conditional update of the row's `next_attempt_at` (its lease): only the message
+   holding the current value may send, so no two processes send one row at once.
+3. The exact stored envelope is signed (Standard Webhooks) and posted through the SSRF guard.
+4. 2xx: delivered. 410: the endpoint is disabled and its rows wait. Otherwise the row is due again after
+   WEBHOOK_RETRY_SCHEDULE (or the receiver's Retry-After, within bounds), and after the last step it is
+   dead, envelope intact, until replayed under the same webhook-id.
+5. The drainer (beat) claims due rows with FOR UPDATE SKIP LOCKED and pushes their lease out in the same
+   transaction, so a lost message or a dead dispatcher delays a row by at most a lease.
+A crash between a receiver's 2xx and marking the row delivered sends it again, with the same id:
+receivers dedupe on `webhook-id`.
+"""
 
 import base64
 import json
+import logging
+import random
 import secrets
+import time
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
+from standardwebhooks.webhooks import Webhook
 
 from config.sql import insert_ignore
-from webhooks.models import Delivery, Endpoint, SigningSecret
+from webhooks import ssrf
+from webhooks.models import Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
+
+logger = logging.getLogger(__name__)
+
+EVENTS = ("generation.succeeded", "generation.failed", "generation.cancelled", "generation.needs_review")
+ROTATION_OVERLAP = timedelta(hours=24)
+RESPONSE_BODY_KEPT = 20 * 1024
+RETRY_AFTER_BOUNDS_S = (1.0, 3600.0)
+
+
+# --- endpoints and secrets -------------------------------------------------------------------------
 
 
 def secret_generate() -> str:
@@ -26,7 +60,43 @@ def endpoint_create(*, client, url: str = "") -> tuple[Endpoint, str]:
     return endpoint, secret
 
 
-EVENTS = ("generation.succeeded", "generation.failed", "generation.cancelled", "generation.needs_review")
+def secret_rotate(*, client) -> str:
+    """Add a new signing secret. The ones in use keep signing for 24 hours beside it (two signatures in
+    the header), so a receiver can switch secrets without a failed verification."""
+    secret = secret_generate()
+    now = timezone.now()
+    with transaction.atomic():
+        endpoint = Endpoint.objects.select_for_update().get(client=client)  # two rotations queue up here
+        endpoint.secrets.filter(expires_at__isnull=True).update(expires_at=now + ROTATION_OVERLAP)
+        SigningSecret.objects.create(endpoint=endpoint, secret=secret, created_at=now)
+    return secret
+
+
+def endpoint_enable(*, endpoint: Endpoint) -> int:
+    """An operator's decision: the endpoint takes deliveries again; its waiting rows are due now."""
+    with transaction.atomic():
+        Endpoint.objects.filter(id=endpoint.id).update(disabled_at=None, disabled_reason="")
+        return Delivery.objects.filter(
+            client_id=endpoint.client_id, url="", status=DeliveryStatus.PENDING
+        ).update(next_attempt_at=timezone.now())
+
+
+def signing_secrets(client_id) -> list[str]:
+    now = timezone.now()
+    return list(
+        SigningSecret.objects.filter(endpoint__client_id=client_id)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .values_list("secret", flat=True)
+    )
+
+
+def sign(*, delivery_id: str, timestamp: int, body: str, secrets_: list[str]) -> str:
+    """The `webhook-signature` header: one `v1,<base64>` per live secret, space separated."""
+    when = datetime.fromtimestamp(timestamp, tz=dt_timezone.utc)
+    return " ".join(Webhook(secret).sign(delivery_id, when, body) for secret in secrets_)
+
+
+# --- the outbox ------------------------------------------------------------------------------------
 
 
 def delivery_id(*, job_id, run: int, event: str) -> str:
@@ -37,10 +107,11 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
     """Write the event's outbox row; must run inside the transaction that made the state change.
 
     The envelope is rendered once, here, and kept byte for byte: every try and every replay sends
-    exactly these bytes. Returns False if the row already existed (the same event of the same run).
+    exactly these bytes. The first try is enqueued when the transaction commits; the row becomes due for
+    the drainer only after WEBHOOK_FIRST_TRY_GRACE_S, in case that message is lost. Returns False if
+    the row already existed (the same event of the same run).
     """
     assert event in EVENTS, event
-    connection = transaction.get_connection()
     if not connection.in_atomic_block:
         raise RuntimeError("delivery_create must run in the transaction of the state change it reports")
     now = timezone.now()
@@ -50,6 +121,262 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
         separators=(",", ":"),
         cls=DjangoJSONEncoder,
     )
-    delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event, url=job.webhook_url,
-                        envelope=envelope, created_at=now, next_attempt_at=now)
-    return insert_ignore(delivery)
+    due = now + timedelta(seconds=settings.WEBHOOK_FIRST_TRY_GRACE_S)
+    delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event,
+                        url=job.webhook_url, envelope=envelope, created_at=now, next_attempt_at=due)
+    if not insert_ignore(delivery):
+        return False
+    _enqueue_on_commit(ident, due)
+    return True
+
+
+def _enqueue_on_commit(ident: str, token: datetime) -> None:
+    def enqueue():
+        from webhooks.tasks import deliver
+
+        try:
+            deliver.delay(ident, token.isoformat())
+        except Exception:  # the broker is down: the drainer sends the row once it is due
+            logger.exception("could not enqueue delivery %s; the drainer will send it", ident)
+
+    transaction.on_commit(enqueue)
+
+
+def deliveries_claim_due(*, limit: int = 500) -> list[list[tuple[str, str]]]:
+    """The drainer: claim due rows and push their lease out, in one transaction.
+
+    FOR UPDATE SKIP LOCKED: two drainers at once each take different rows, never wait on each other.
+    Rows of a disabled client endpoint are left waiting. Returns batches of (id, token), each batch for
+    one target (so a slow receiver holds up only its own rows); the token is the new `next_attempt_at`,
+    which only the message carrying it may use to send.
+    """
+    lease = timedelta(seconds=settings.WEBHOOK_SEND_LEASE_S)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH due AS (
+                SELECT d.id FROM webhooks_delivery d
+                  LEFT JOIN webhooks_endpoint e ON e.client_id = d.client_id
+                 WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+                   AND (d.url <> '' OR e.disabled_at IS NULL)
+                 ORDER BY d.next_attempt_at
+                 LIMIT %s
+                   FOR UPDATE OF d SKIP LOCKED)
+            UPDATE webhooks_delivery SET next_attempt_at = now() + %s
+              FROM due WHERE webhooks_delivery.id = due.id
+            RETURNING webhooks_delivery.id, webhooks_delivery.next_attempt_at, webhooks_delivery.client_id,
+                      webhooks_delivery.url
+            """,
+            [limit, lease],
+        )
+        claimed = cursor.fetchall()
+    by_target: dict[tuple, list] = {}
+    for ident, token, client_id, url in claimed:
+        by_target.setdefault((client_id, url), []).append((ident, token.isoformat()))
+    size = settings.WEBHOOK_BATCH_SIZE
+    return [rows[i:i + size] for rows in by_target.values() for i in range(0, len(rows), size)]
+
+
+_CLAIM_TRIES_SQL = """
+UPDATE webhooks_delivery d SET next_attempt_at = now() + %s, attempts = d.attempts + 1,
+       schedule_position = d.schedule_position + 1
+  FROM unnest(%s::text[], %s::timestamptz[]) AS held(id, token)
+ WHERE d.id = held.id AND d.next_attempt_at = held.token AND d.status = 'pending'
+   AND (d.url <> '' OR NOT EXISTS (SELECT 1 FROM webhooks_endpoint e
+                                    WHERE e.client_id = d.client_id AND e.disabled_at IS NOT NULL))
+RETURNING d.*
+"""
+
+
+def _claim_tries(items: list[tuple[str, str]]) -> list[Delivery]:
+    """The right to try each row once: only the message holding a row's current lease value may send it;
+    the update moves the lease, so a duplicate of that message finds nothing to do."""
+    lease = timedelta(seconds=settings.WEBHOOK_SEND_LEASE_S)
+    ids = [ident for ident, _ in items]
+    tokens = [datetime.fromisoformat(token) for _, token in items]
+    claimed = {d.id: d for d in Delivery.objects.raw(_CLAIM_TRIES_SQL, [lease, ids, tokens])}
+    return [claimed[ident] for ident in ids if ident in claimed]
+
+
+def delivery_try(*, ident: str, token: str) -> str | None:
+    """One try of one delivery (the first try, enqueued when its event commits)."""
+    outcomes = deliveries_try([(ident, token)])
+    return outcomes[0] if outcomes else None
+
+
+def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
+    """Try a batch of deliveries (the dispatcher), one after the other, and record every try.
+
+    1. Claim the rows whose lease this message holds (one statement).
+    2. Sign the exact stored envelope and POST it through the SSRF guard.
+    3. Record the tries (one statement) and the delivered rows (one statement); failures are scheduled
+       one by one. A batch stops sending at its first failure or when half the lease has passed: the rows
+       it did not try are released, due now, so a slow receiver never outlives the lease of a row it holds.
+    """
+    deliveries = _claim_tries(items)
+    if not deliveries:
+        return []
+    endpoints = {e.client_id: e for e in Endpoint.objects.filter(client_id__in={d.client_id for d in deliveries})}
+    started = time.monotonic()
+    tries, delivered, outcomes, untried = [], [], [], []
+    with ssrf.Session() as session:  # one kept-alive, vetted connection per receiver for the batch
+        _try_each(deliveries, endpoints, session, started, tries, delivered, outcomes, untried)
+    DeliveryAttempt.objects.bulk_create(tries)
+    _mark_delivered(delivered)
+    _release(untried)
+    return outcomes
+
+
+def _try_each(deliveries, endpoints, session, started, tries, delivered, outcomes, untried) -> None:
+    budget = settings.WEBHOOK_SEND_LEASE_S / 2
+    secrets_by_client = {}
+    for delivery in deliveries:
+        if outcomes and (outcomes[-1] != "delivered" or time.monotonic() - started > budget):
+            untried.append(delivery)
+            continue
+        endpoint = endpoints.get(delivery.client_id)
+        url = delivery.url or (endpoint.url if endpoint else "")
+        if not url:
+            _dead(delivery, "no webhook URL: the job names none and the client has no endpoint URL")
+            outcomes.append("dead")
+            continue
+        if delivery.client_id not in secrets_by_client:
+            secrets_by_client[delivery.client_id] = signing_secrets(delivery.client_id)
+        answer, error, attempt = _post(session, delivery, url, secrets_by_client[delivery.client_id])
+        tries.append(attempt)
+        if answer is not None and 200 <= answer.status < 300:
+            delivered.append((delivery, answer.status))
+            outcomes.append("delivered")
+        elif answer is not None and answer.status == 410:
+            outcomes.append(_gone(delivery, endpoint))
+        else:
+            retry_after = _retry_after(answer.headers.get("retry-after")) if answer else None
+            outcomes.append(_again_or_dead(delivery, status=answer.status if answer else None,
+                                           error=error or f"HTTP {answer.status}", retry_after=retry_after))
+
+
+def _post(session, delivery: Delivery, url: str, secrets_: list[str]):
+    timestamp = int(time.time())
+    body = delivery.envelope
+    headers = {
+        "content-type": "application/json",
+        "user-agent": "payonce-webhooks/1",
+        "webhook-id": delivery.id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(delivery_id=delivery.id, timestamp=timestamp, body=body, secrets_=secrets_),
+    }
+    started = time.monotonic()
+    answer, error = None, ""
+    try:
+        answer = session.post(url, body.encode("utf-8"), headers)
+    except ssrf.Refused as refused:
+        error = f"refused by the SSRF guard: {refused.reason}: {refused}"
+    except ssrf.SendError as failed:
+        error = f"send failed: {failed}"
+    attempt = DeliveryAttempt(
+        delivery=delivery, number=delivery.attempts, webhook_timestamp=timestamp, url=url,
+        duration_ms=int((time.monotonic() - started) * 1000),
+        status_code=answer.status if answer else None,
+        response_body=answer.body[:RESPONSE_BODY_KEPT].decode("utf-8", "replace") if answer else "",
+        error=error,
+    )
+    return answer, error, attempt
+
+
+def _mark_delivered(delivered: list[tuple[Delivery, int]]) -> None:
+    """Every row this batch still holds (its try count unchanged since the claim) is delivered."""
+    if not delivered:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE webhooks_delivery d SET status = 'delivered', delivered_at = now(), last_status_code = held.code,
+                   last_error = ''
+              FROM unnest(%s::text[], %s::int[], %s::int[]) AS held(id, attempts, code)
+             WHERE d.id = held.id AND d.attempts = held.attempts AND d.status = 'pending'
+            """,
+            [[d.id for d, _ in delivered], [d.attempts for d, _ in delivered], [code for _, code in delivered]],
+        )
+
+
+def _release(untried: list[Delivery]) -> None:
+    """Rows claimed but not tried: due again now, and this try does not count."""
+    for delivery in untried:
+        _mine(delivery).update(next_attempt_at=timezone.now(), attempts=delivery.attempts - 1,
+                               schedule_position=delivery.schedule_position - 1)
+
+
+def _mine(delivery: Delivery):
+    """The row, as long as this try still holds it (no replay or other try moved it on since)."""
+    return Delivery.objects.filter(id=delivery.id, attempts=delivery.attempts, status=DeliveryStatus.PENDING)
+
+
+def _again_or_dead(delivery: Delivery, *, status, error: str, retry_after: float | None) -> str:
+    schedule = settings.WEBHOOK_RETRY_SCHEDULE
+    position = delivery.schedule_position  # tries so far since creation or the last replay
+    if position > len(schedule):
+        _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=status, last_error=error[:2000])
+        return "dead"
+    if retry_after is not None:
+        delay = min(max(retry_after, RETRY_AFTER_BOUNDS_S[0]), RETRY_AFTER_BOUNDS_S[1])
+    else:
+        delay = schedule[position - 1] * (1 + random.uniform(0, 0.2))  # up to 20% jitter
+    _mine(delivery).update(next_attempt_at=timezone.now() + timedelta(seconds=delay), last_status_code=status,
+                           last_error=error[:2000])
+    return "retry"
+
+
+def _gone(delivery: Delivery, endpoint: Endpoint | None) -> str:
+    """410 Gone: the receiver wants nothing more. A client endpoint is disabled and its rows wait for an
+    operator; a job's own webhook_url ends that row (dead, replayable)."""
+    if delivery.url or endpoint is None:
+        _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=410, last_error="410 Gone")
+        return "dead"
+    with transaction.atomic():
+        Endpoint.objects.filter(id=endpoint.id, disabled_at__isnull=True).update(
+            disabled_at=timezone.now(), disabled_reason=f"410 Gone answered to {delivery.id}"
+        )
+        _mine(delivery).update(next_attempt_at=timezone.now(), last_status_code=410,
+                               last_error="410 Gone: endpoint disabled; waiting for an operator")
+    return "disabled"
+
+
+def _dead(delivery: Delivery, error: str) -> None:
+    _mine(delivery).update(status=DeliveryStatus.DEAD, last_error=error)
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None  # an HTTP date: the schedule decides
+
+
+# --- dead letters ------------------------------------------------------------------------------------
+
+
+def delivery_replay(*, delivery: Delivery) -> None:
+    """Send a delivery again (an operator's decision): the exact stored envelope, under the same
+    webhook-id, with the retry schedule from its start. Delivered rows may be replayed too (a receiver
+    that lost what it got): receivers dedupe on webhook-id."""
+    due = timezone.now() + timedelta(seconds=settings.WEBHOOK_FIRST_TRY_GRACE_S)
+    with transaction.atomic():
+        Delivery.objects.filter(id=delivery.id).update(
+            status=DeliveryStatus.PENDING, schedule_position=0, next_attempt_at=due, last_error=""
+        )
+        _enqueue_on_commit(delivery.id, due)
+
+
+def deliveries_replay(*, dead_only: bool = False, since: datetime | None = None, ids=None) -> int:
+    rows = Delivery.objects.all()
+    if ids:
+        rows = rows.filter(id__in=ids)
+    if dead_only:
+        rows = rows.filter(status=DeliveryStatus.DEAD)
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    count = 0
+    for delivery in rows.order_by("created_at").iterator():
+        delivery_replay(delivery=delivery)
+        count += 1
+    return count

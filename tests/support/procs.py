@@ -129,7 +129,7 @@ class Stack:
     FAST_RECOVERY = {"SWEEP_INTERVAL_S": 1, "STEP_LEASE_S": 3, "ENQUEUE_LEASE_S": 4, "POLL_INTERVAL_S": 0.5,
                      "WORKER_CONCURRENCY": 8}
 
-    def __init__(self, broker_url: str, worker_command: str | None = None, **env):
+    def __init__(self, broker_url: str, worker_command: str | None = None, *, webhooks: bool = False, **env):
         from kombu import Connection
 
         from config.celery import app
@@ -147,6 +147,8 @@ class Stack:
             "worker": ProcfileProcess("worker", env, command=worker_command),
             "beat": ProcfileProcess("beat", env),
         }
+        if webhooks:
+            self.processes["webhooks"] = ProcfileProcess("webhooks", env)
 
     def __getitem__(self, name: str) -> ProcfileProcess:
         return self.processes[name]

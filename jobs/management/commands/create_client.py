@@ -6,6 +6,7 @@ from django.core.validators import URLValidator
 from django.core.exceptions import ValidationError
 
 from jobs.services import client_create
+from webhooks import ssrf
 
 
 class Command(BaseCommand):
@@ -22,8 +23,11 @@ class Command(BaseCommand):
         if webhook_url:
             try:
                 URLValidator(schemes=["http", "https"])(webhook_url)
+                ssrf.check_url(webhook_url)
             except ValidationError:
                 raise CommandError(f"--webhook-url {webhook_url!r} is not an http(s) URL.") from None
+            except ssrf.Refused as refused:
+                raise CommandError(f"--webhook-url {webhook_url!r} may not be used: {refused}") from None
         cap = None
         if monthly_cap_usd is not None:
             try:
