@@ -248,3 +248,25 @@ def test_a_private_target_is_refused_again_at_send_before_any_connection(api, se
     assert services.delivery_try(ident=ident, token=token) == "retry"
     [attempt] = DeliveryAttempt.objects.filter(delivery_id=ident)
     assert attempt.status_code is None and "refused by the SSRF guard" in attempt.error
+
+
+# --- dead letters in the admin ---------------------------------------------------------------------
+
+
+def test_the_admin_lists_dead_letters_with_their_envelope_and_tries_and_replays_them(admin_client, api):
+    from django.contrib.admin.utils import quote
+
+    delivery = ended_job(api, "http://127.0.0.1:9/hooks")
+    Delivery.objects.filter(id=delivery.id).update(status="dead", attempts=8, schedule_position=8)
+    DeliveryAttempt.objects.create(delivery_id=delivery.id, number=8, webhook_timestamp=int(time.time()),
+                                   url="http://127.0.0.1:9/hooks", error="send failed: connection refused")
+
+    listing = admin_client.get("/admin/webhooks/delivery/?status__exact=dead")
+    assert listing.status_code == 200 and delivery.id in listing.content.decode()
+    page = admin_client.get(f"/admin/webhooks/delivery/{quote(delivery.id)}/change/").content.decode()
+    assert "connection refused" in page and "generation.failed" in page
+
+    replay = admin_client.post("/admin/webhooks/delivery/", {"action": "replay", "_selected_action": [delivery.id]})
+    assert replay.status_code == 302
+    replayed = Delivery.objects.get(id=delivery.id)
+    assert (replayed.status, replayed.schedule_position, replayed.envelope) == ("pending", 0, delivery.envelope)
