@@ -334,20 +334,17 @@ def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True):
         if spec.effect is Effect.EXTERNAL:
             return _run_external(ctx, spec)
         return _run_wait(ctx, spec)
-    except JobHold as hold:
+    except JobFailure as failure:  # JobHold too: the run ends here, waiting for a person or failed
         if not fail_job:
             raise
+        error = failure.as_error()
         with transaction.atomic():
-            services.job_hold(job_id=ctx.job.id, run=ctx.run, error=hold.as_error())
-            _upsert_ended(ctx, getattr(hold, "step", spec.name), StepStatus.FAILED, {"error": hold.as_error()})
-        return Stop(f"held: {hold.code}")
-    except JobFailure as failure:
-        if not fail_job:
-            raise
-        with transaction.atomic():
-            services.job_finish(job_id=ctx.job.id, status=JobStatus.FAILED, error=failure.as_error())
-            _upsert_ended(ctx, getattr(failure, "step", spec.name), StepStatus.FAILED, {"error": failure.as_error()})
-        return Stop(f"failed: {failure.code}")
+            if isinstance(failure, JobHold):
+                services.job_hold(job_id=ctx.job.id, run=ctx.run, error=error)
+            else:
+                services.job_finish(job_id=ctx.job.id, status=JobStatus.FAILED, error=error)
+            _upsert_ended(ctx, getattr(failure, "step", spec.name), StepStatus.FAILED, {"error": error})
+        return Stop(f"{'held' if isinstance(failure, JobHold) else 'failed'}: {failure.code}")
 
 
 def _run_db(ctx: StepContext, specs: list[StepSpec]):

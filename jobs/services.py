@@ -15,7 +15,7 @@ from django.utils import timezone
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql
 from jobs.errors import IdempotencyConflict
-from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus
+from jobs.models import Client, ClientAPIKey, Job, JobStatus
 
 logger = logging.getLogger(__name__)
 

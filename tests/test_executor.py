@@ -2,7 +2,6 @@
 spent. Every test reads the sandbox's ledger and checks that the books balance."""
 
 import base64
-import time
 import uuid
 from datetime import timedelta
 

@@ -8,7 +8,6 @@ Usage is reported with cache tokens apart: `input_tokens` already excludes them.
 
 import re
 
-from django.conf import settings
 
 from executor.providers import real
 from executor.providers.base import (
@@ -43,26 +42,16 @@ _SPEND_LIMIT_CODES = {"enforced_spend_limit_reached"}
 _REFUSAL_WORDS = re.compile(r"usage polic|content polic|content filter|safety (system|filter)", re.IGNORECASE)
 
 
-class AnthropicProvider:
+class AnthropicProvider(real.RealAdapter):
+    """`read_timeout_s`: how long to wait for the answer (default: real.llm_timeout)."""
+
     name = "anthropic"
     capabilities = CAPABILITIES
-
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, *, replay: bool | None = None,
-                 read_timeout_s: float | None = None):
-        """`base_url` and `api_key` default to settings, read at call time. `replay`: None follows
-        REAL_PROVIDERS at call time; True/False forces recorded answers or the network.
-        `read_timeout_s`: how long to wait for the answer (default: real.llm_timeout)."""
-        self._base_url = base_url.rstrip("/") if base_url else None
-        self._api_key = api_key
-        self.replay = replay
-        self.read_timeout_s = read_timeout_s
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url or settings.ANTHROPIC_BASE_URL.rstrip("/")
+    base_url_setting = "ANTHROPIC_BASE_URL"
+    key_setting = "ANTHROPIC_API_KEY"
 
     def _headers(self, replaying: bool) -> dict:
-        key = self._api_key if self._api_key is not None else settings.ANTHROPIC_API_KEY
+        key = self.api_key
         if not key and not replaying:
             raise real.missing_key(self.name)
         headers = {"anthropic-version": API_VERSION, "content-type": "application/json"}

@@ -6,7 +6,6 @@ a new upstream key (`resubmit_uncertain`). OpenAI's `prompt_tokens` INCLUDES cac
 them out so `input_tokens` never counts a token twice.
 """
 
-from django.conf import settings
 
 from executor.providers import real
 from executor.providers.base import (
@@ -34,26 +33,14 @@ _ERROR_CLASSES = {
 }
 
 
-class OpenAICompatibleProvider:
+class OpenAICompatibleProvider(real.RealAdapter):
     name = "openai"
     capabilities = CAPABILITIES
-
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, *, replay: bool | None = None,
-                 read_timeout_s: float | None = None):
-        """`base_url` (with its /v1) and `api_key` default to settings, read at call time. `replay`: None
-        follows REAL_PROVIDERS at call time; True/False forces recorded answers or the network.
-        `read_timeout_s`: how long to wait for the answer (default: real.llm_timeout)."""
-        self._base_url = base_url.rstrip("/") if base_url else None
-        self._api_key = api_key
-        self.replay = replay
-        self.read_timeout_s = read_timeout_s
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url or settings.OPENAI_BASE_URL.rstrip("/")
+    base_url_setting = "OPENAI_BASE_URL"  # with its /v1
+    key_setting = "OPENAI_API_KEY"
 
     def _headers(self, replaying: bool) -> dict:
-        key = self._api_key if self._api_key is not None else settings.OPENAI_API_KEY
+        key = self.api_key
         if not key and not replaying and not real.openai_is_local(self.base_url):
             raise real.missing_key(self.name)
         # A local server runs keyless: send no Authorization header at all rather than "Bearer ".

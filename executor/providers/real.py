@@ -129,3 +129,27 @@ def error_body(response: requests.Response) -> dict:
 
 def fallback_message(response: requests.Response) -> str:
     return response.text[:500].strip() or response.reason or f"HTTP {response.status_code}"
+
+
+class RealAdapter:
+    """What the real adapters share: their base URL and key come from settings, read at call time,
+    unless given to the constructor (tests), and `replay` (None: follow REAL_PROVIDERS at call time;
+    True/False: force recorded answers or the network)."""
+
+    base_url_setting: str
+    key_setting: str
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *, replay: bool | None = None,
+                 read_timeout_s: float | None = None):
+        self._base_url = base_url.rstrip("/") if base_url else None
+        self._api_key = api_key
+        self.replay = replay
+        self.read_timeout_s = read_timeout_s
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url or getattr(settings, self.base_url_setting).rstrip("/")
+
+    @property
+    def api_key(self) -> str:
+        return self._api_key if self._api_key is not None else getattr(settings, self.key_setting)

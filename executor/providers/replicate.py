@@ -19,7 +19,6 @@ import re
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from django.conf import settings
 
 from executor.providers import real
 from executor.providers.base import (
@@ -46,20 +45,15 @@ LOOKUP_SLACK_S = 60.0
 LOOKUP_MAX_PAGES = 50
 
 
-class ReplicateProvider:
+class ReplicateProvider(real.RealAdapter):
     name = "replicate"
     capabilities = CAPABILITIES
 
-    def __init__(self, base_url: str | None = None, api_token: str | None = None, *, replay: bool | None = None):
-        """`base_url` (without /v1) and `api_token` default to settings, read at call time. `replay`: None
-        follows REAL_PROVIDERS at call time; True/False forces recorded answers or the network."""
-        self._base_url = base_url.rstrip("/") if base_url else None
-        self._api_token = api_token
-        self.replay = replay
+    base_url_setting = "REPLICATE_BASE_URL"  # without /v1
+    key_setting = "REPLICATE_API_TOKEN"
 
-    @property
-    def base_url(self) -> str:
-        return self._base_url or settings.REPLICATE_BASE_URL.rstrip("/")
+    def __init__(self, base_url: str | None = None, api_token: str | None = None, *, replay: bool | None = None):
+        super().__init__(base_url, api_token, replay=replay)
 
     # -- HTTP ------------------------------------------------------------------------------------------
 
@@ -67,7 +61,7 @@ class ReplicateProvider:
         replaying = real.replaying(self.replay)
         headers = dict(kwargs.pop("headers", None) or {})
         if authorize:
-            token = self._api_token if self._api_token is not None else settings.REPLICATE_API_TOKEN
+            token = self.api_key
             if not token and not replaying:
                 raise real.missing_key(self.name)
             if token:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
-import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
