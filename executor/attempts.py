@@ -198,7 +198,7 @@ def _window(job, spec) -> float | None:
 def _intend(job, model_name: str) -> Attempt:
     """Commit the attempt as `submitting`, with its key and the exact request, before anything is sent.
     The number is the job's next (across runs and models). Two executions deciding to pay at once race
-    on (job, provider, number): the loser gets the winner's row and sends nothing new."""
+    on (job, provider, number): the loser's INSERT fails, it sends nothing and comes back later."""
     spec = model_spec(model_name)
     number = (Attempt.objects.filter(job=job).aggregate(n=Max("number"))["n"] or 0) + 1
     key = upstream_key(job, number)
@@ -266,16 +266,7 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
     if caps.idempotency_key:
         # The same key again: the provider returns the work it already has, or makes the one that never
         # arrived. Exactly one is paid.
-        if attempt.sends >= job.policy.get("attempts_per_model", 3):
-            _end(attempt, AttemptState.FAILED, error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
-                 error=f"no answer after {attempt.sends} sends of the same key: {attempt.error or ''}".strip())
-            return
-        if not resend:
-            raise StepRetry(f"submit outcome unknown ({attempt.error_class}); the same key goes out again",
-                            countdown=_backoff(attempt.sends, None))
-        if not _claim_send(attempt):
-            raise StepRetry("another execution is resending this attempt", countdown=1.0)
-        _send(job, attempt)
+        _send_again(job, attempt, resend, f"no answer after {attempt.sends} sends of the same key")
         return
     if caps.lookup:
         try:
@@ -291,18 +282,25 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
             _answered_accepted(attempt, found, None)
             return
         # Proven absent: nothing was accepted, so nothing was paid. Send it (again) under the same key.
-        if attempt.sends >= job.policy.get("attempts_per_model", 3):
-            _end(attempt, AttemptState.FAILED, error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
-                 error=f"not accepted after {attempt.sends} sends: {attempt.error or ''}".strip())
-            return
-        if not resend:
-            raise StepRetry("submit not found upstream; it goes out again after a back-off",
-                            countdown=_backoff(attempt.sends, None))
-        if not _claim_send(attempt):
-            raise StepRetry("another execution is resending this attempt", countdown=1.0)
-        _send(job, attempt)
+        _send_again(job, attempt, resend, f"not accepted after {attempt.sends} sends")
         return
     _uncertain(job, attempt, spec)
+
+
+def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
+    """The same request under the same key once more: at once, or (resend=False) after a back-off. An
+    attempt that has gone out attempts_per_model times without an answer is given up (failed), and the
+    runner decides what comes next."""
+    if attempt.sends >= job.policy.get("attempts_per_model", 3):
+        _end(attempt, AttemptState.FAILED, error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
+             error=f"{given_up}: {attempt.error or ''}".strip(": "))
+        return
+    if not resend:
+        raise StepRetry(f"submit outcome unknown ({attempt.error_class}); the same key goes out again",
+                        countdown=_backoff(attempt.sends, None))
+    if not _claim_send(attempt):
+        raise StepRetry("another execution is resending this attempt", countdown=1.0)
+    _send(job, attempt)
 
 
 def _uncertain(job, attempt: Attempt, spec) -> None:

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from executor.providers.base import Capabilities
+from executor.providers.base import CHEAP_LLM, Capabilities
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,7 @@ _SANDBOX = {
                      Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=False)),
     "image-blind": ("image", "image/png", "png",
                     Capabilities(idempotency_key=False, lookup=False, asynchronous=True, cancel=False)),
-    # An LLM call is cheap: an unknown outcome is resubmitted under a new key instead of held.
-    "llm": ("text", "text/markdown", "md",
-            Capabilities(idempotency_key=False, lookup=False, asynchronous=False, cancel=False,
-                         resubmit_uncertain=True)),
+    "llm": ("text", "text/markdown", "md", CHEAP_LLM),
 }
 _REPLICATE_MODEL = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?$")
 _OPENAI_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")

@@ -379,8 +379,7 @@ def _run_external(ctx: StepContext, spec: StepSpec):
         state, row = _attach(ctx, spec)
     if state == "held":
         return Later(max(1.0, min(settings.STEP_LEASE_S, 5.0)))
-    if state != "claimed":
-        ctx.rows[spec.name] = row
+    if state != "claimed":  # done or failed meanwhile: _claim read the row into ctx.rows
         return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
     with _heartbeat(row.id, ctx.owner, settings.STEP_LEASE_S) as lost:
         try:
@@ -389,17 +388,7 @@ def _run_external(ctx: StepContext, spec: StepSpec):
             return _back_off(ctx, row, retry)
     if lost.is_set():
         logger.warning("job %s step %s: lease lost while working; attaching", ctx.job.id, spec.name)
-    try:
-        # One statement needs no transaction of its own; with an `apply` hook, both commit together.
-        with transaction.atomic() if spec.apply is not None else nullcontext():
-            if spec.apply is not None:
-                spec.apply(ctx, result)
-            if not _mark_done(row.id, ctx.owner, result):
-                raise _LostRace  # our lease ran out and another execution took the step over
-    except _LostRace:
-        return _adopt(ctx, spec.name)
-    ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, ctx.owner)
-    return None
+    return _record_done(ctx, spec, row, ctx.owner, result)
 
 
 def _run_wait(ctx: StepContext, spec: StepSpec):
@@ -421,9 +410,21 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
             lease_until=Now() + timedelta(seconds=settings.POLL_INTERVAL_S + settings.STEP_LEASE_S)
         )
         return Later(settings.POLL_INTERVAL_S)
-    if not _mark_done(row.id, ctx.chain, result):
+    return _record_done(ctx, spec, row, ctx.chain, result)
+
+
+def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, result):
+    """Mark a leased step done, with its `apply` effects in the same transaction (one statement alone
+    needs no transaction of its own). If the lease was lost meanwhile, take the other execution's."""
+    try:
+        with transaction.atomic() if spec.apply is not None else nullcontext():
+            if spec.apply is not None:
+                spec.apply(ctx, result)
+            if not _mark_done(row.id, owner, result):
+                raise _LostRace  # our lease ran out and another execution took the step over
+    except _LostRace:
         return _adopt(ctx, spec.name)
-    ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, ctx.chain)
+    ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, owner)
     return None
 
 

@@ -34,11 +34,6 @@ def client_create(*, name: str, webhook_url: str = "", monthly_cap_usd: Decimal 
     return {"client_id": str(client.id), "api_key": api_key, "webhook_secret": webhook_secret}
 
 
-def client_key_create(*, client: Client, name: str) -> str:
-    _, api_key = ClientAPIKey.objects.create_key(name=name, client=client)
-    return api_key
-
-
 # --- jobs ----------------------------------------------------------------------------------------------
 
 

@@ -217,42 +217,37 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
     if not deliveries:
         return []
     endpoints = {e.client_id: e for e in Endpoint.objects.filter(client_id__in={d.client_id for d in deliveries})}
-    started = time.monotonic()
+    secrets_by_client: dict = {}
+    deadline = time.monotonic() + settings.WEBHOOK_SEND_LEASE_S / 2
     tries, delivered, outcomes, untried = [], [], [], []
     with ssrf.Session() as session:  # one kept-alive, vetted connection per receiver for the batch
-        _try_each(deliveries, endpoints, session, started, tries, delivered, outcomes, untried)
+        for delivery in deliveries:
+            if outcomes and (outcomes[-1] != "delivered" or time.monotonic() > deadline):
+                untried.append(delivery)
+                continue
+            endpoint = endpoints.get(delivery.client_id)
+            url = delivery.url or (endpoint.url if endpoint else "")
+            if not url:
+                _dead(delivery, "no webhook URL: the job names none and the client has no endpoint URL")
+                outcomes.append("dead")
+                continue
+            if delivery.client_id not in secrets_by_client:
+                secrets_by_client[delivery.client_id] = signing_secrets(delivery.client_id)
+            answer, error, attempt = _post(session, delivery, url, secrets_by_client[delivery.client_id])
+            tries.append(attempt)
+            if answer is not None and 200 <= answer.status < 300:
+                delivered.append((delivery, answer.status))
+                outcomes.append("delivered")
+            elif answer is not None and answer.status == 410:
+                outcomes.append(_gone(delivery, endpoint))
+            else:
+                retry_after = _retry_after(answer.headers.get("retry-after")) if answer else None
+                outcomes.append(_again_or_dead(delivery, status=answer.status if answer else None,
+                                               error=error or f"HTTP {answer.status}", retry_after=retry_after))
     DeliveryAttempt.objects.bulk_create(tries)
     _mark_delivered(delivered)
     _release(untried)
     return outcomes
-
-
-def _try_each(deliveries, endpoints, session, started, tries, delivered, outcomes, untried) -> None:
-    budget = settings.WEBHOOK_SEND_LEASE_S / 2
-    secrets_by_client = {}
-    for delivery in deliveries:
-        if outcomes and (outcomes[-1] != "delivered" or time.monotonic() - started > budget):
-            untried.append(delivery)
-            continue
-        endpoint = endpoints.get(delivery.client_id)
-        url = delivery.url or (endpoint.url if endpoint else "")
-        if not url:
-            _dead(delivery, "no webhook URL: the job names none and the client has no endpoint URL")
-            outcomes.append("dead")
-            continue
-        if delivery.client_id not in secrets_by_client:
-            secrets_by_client[delivery.client_id] = signing_secrets(delivery.client_id)
-        answer, error, attempt = _post(session, delivery, url, secrets_by_client[delivery.client_id])
-        tries.append(attempt)
-        if answer is not None and 200 <= answer.status < 300:
-            delivered.append((delivery, answer.status))
-            outcomes.append("delivered")
-        elif answer is not None and answer.status == 410:
-            outcomes.append(_gone(delivery, endpoint))
-        else:
-            retry_after = _retry_after(answer.headers.get("retry-after")) if answer else None
-            outcomes.append(_again_or_dead(delivery, status=answer.status if answer else None,
-                                           error=error or f"HTTP {answer.status}", retry_after=retry_after))
 
 
 def _post(session, delivery: Delivery, url: str, secrets_: list[str]):

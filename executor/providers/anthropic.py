@@ -9,9 +9,9 @@ Usage is reported with cache tokens apart: `input_tokens` already excludes them.
 import re
 
 
-from executor.providers import real
+from executor.providers import http, real
 from executor.providers.base import (
-    Capabilities,
+    CHEAP_LLM,
     Completion,
     ErrorClass,
     ProviderError,
@@ -20,9 +20,7 @@ from executor.providers.base import (
     parse_retry_after,
 )
 
-CAPABILITIES = Capabilities(
-    idempotency_key=False, lookup=False, asynchronous=False, cancel=False, resubmit_uncertain=True
-)
+CAPABILITIES = CHEAP_LLM
 API_VERSION = "2023-06-01"
 
 # What each error type means for a 4xx (a 5xx is always an unknown outcome, whatever its type says).
@@ -75,7 +73,7 @@ class AnthropicProvider(real.RealAdapter):
                              timeout=real.llm_timeout(self.read_timeout_s))
         if response.status_code >= 400:
             raise error_from(response)
-        data = real.json_answer(response)
+        data = http.json_answer(response)
         usage = parse_usage(data.get("usage") or {})
         text = "".join(block.get("text", "") for block in data.get("content") or [] if block.get("type") == "text")
         stop_reason = data.get("stop_reason")
@@ -104,10 +102,10 @@ def parse_usage(usage: dict) -> Usage:
 def error_from(response) -> ProviderError:
     """`{"type": "error", "error": {"type": ..., "message": ...}}` as a ProviderError of its class, with
     Anthropic's own message."""
-    error = real.error_body(response).get("error")
+    error = http.error_body(response).get("error")
     error = error if isinstance(error, dict) else {}
     error_type = error.get("type")
-    message = error.get("message") or real.fallback_message(response)
+    message = error.get("message") or http.fallback_message(response)
     status = response.status_code
     refused = error_type == "invalid_request_error" and bool(_REFUSAL_WORDS.search(message))
     kind, unknown = classify_http_error(status, refused=refused)

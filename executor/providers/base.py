@@ -21,6 +21,12 @@ class Capabilities:
     resubmit_uncertain: bool = False
 
 
+# An LLM call: synchronous, no key, no lookup, and cheap, so an unknown outcome is resubmitted under a
+# new key by rule instead of held for a person.
+CHEAP_LLM = Capabilities(idempotency_key=False, lookup=False, asynchronous=False, cancel=False,
+                         resubmit_uncertain=True)
+
+
 class ErrorClass:
     AUTH = "auth"
     INVALID_INPUT = "invalid_input"

@@ -7,9 +7,9 @@ them out so `input_tokens` never counts a token twice.
 """
 
 
-from executor.providers import real
+from executor.providers import http, real
 from executor.providers.base import (
-    Capabilities,
+    CHEAP_LLM,
     Completion,
     ErrorClass,
     ProviderError,
@@ -18,9 +18,7 @@ from executor.providers.base import (
     parse_retry_after,
 )
 
-CAPABILITIES = Capabilities(
-    idempotency_key=False, lookup=False, asynchronous=False, cancel=False, resubmit_uncertain=True
-)
+CAPABILITIES = CHEAP_LLM
 
 _REFUSAL_CODES = {"content_policy_violation", "content_filter"}
 # Codes (or types) that say more than the status does, for a 4xx.
@@ -58,7 +56,7 @@ class OpenAICompatibleProvider(real.RealAdapter):
                              timeout=real.llm_timeout(self.read_timeout_s))
         if response.status_code >= 400:
             raise error_from(response)
-        data = real.json_answer(response)
+        data = http.json_answer(response)
         usage = parse_usage(data.get("usage") or {})
         choices = data.get("choices") or []
         if not choices or not isinstance(choices[0], dict):
@@ -116,13 +114,13 @@ def _retry_after(headers) -> float | None:
 def error_from(response) -> ProviderError:
     """`{"error": {"message", "type", "code"}}` (OpenAI, llama.cpp, Ollama) or a top-level
     `{"message", "type", "code"}` (vLLM) as a ProviderError of its class, with the server's own words."""
-    data = real.error_body(response)
+    data = http.error_body(response)
     error = data.get("error")
     if isinstance(error, str):
         error = {"message": error}
     elif not isinstance(error, dict):
         error = data if "message" in data else {}
-    message = error.get("message") or real.fallback_message(response)
+    message = error.get("message") or http.fallback_message(response)
     code = str(error.get("code")) if error.get("code") is not None else None
     error_type = error.get("type")
     refused = code in _REFUSAL_CODES or error_type in _REFUSAL_CODES

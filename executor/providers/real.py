@@ -101,36 +101,6 @@ def send(method: str, url: str, *, base_url: str, replay: bool | None = None, **
     return http.send(method, url, base_url=base_url, **kwargs)
 
 
-def json_answer(response: requests.Response) -> dict:
-    """The JSON object of a 2xx answer. An unreadable one (a proxy's HTML page, a cut body) is a server
-    error whose outcome is unknown: the provider may well have done, and billed, the work."""
-    try:
-        data = response.json()
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise ProviderError(
-            ErrorClass.SERVER_ERROR,
-            f"unreadable answer (HTTP {response.status_code}): {response.text[:300]!r}",
-            status=response.status_code,
-            outcome_unknown=True,
-        )
-    return data
-
-
-def error_body(response: requests.Response) -> dict:
-    """The JSON object of an error answer, or {} when it is not one."""
-    try:
-        data = response.json()
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def fallback_message(response: requests.Response) -> str:
-    return response.text[:500].strip() or response.reason or f"HTTP {response.status_code}"
-
-
 class RealAdapter:
     """What the real adapters share: their base URL and key come from settings, read at call time,
     unless given to the constructor (tests), and `replay` (None: follow REAL_PROVIDERS at call time;

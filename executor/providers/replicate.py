@@ -20,7 +20,7 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 
-from executor.providers import real
+from executor.providers import http, real
 from executor.providers.base import (
     Capabilities,
     ErrorClass,
@@ -80,7 +80,7 @@ class ReplicateProvider(real.RealAdapter):
         filename = "input" + (mimetypes.guess_extension(content_type or "") or ".bin")
         response = self._call("POST", self._api("/files"), data={"filename": filename, "type": content_type},
                               files={"content": (filename, payload, content_type)})
-        data = real.json_answer(response)
+        data = http.json_answer(response)
         url = (data.get("urls") or {}).get("get")
         if not url:
             raise ProviderError(ErrorClass.SERVER_ERROR, f"file upload answered without urls.get: {str(data)[:300]}",
@@ -97,10 +97,10 @@ class ReplicateProvider(real.RealAdapter):
             url = self._api("/predictions")
         else:
             url = self._api(f"/models/{owner_name}/predictions")
-        return submission(real.json_answer(self._call("POST", url, json=body)))
+        return submission(http.json_answer(self._call("POST", url, json=body)))
 
     def poll(self, model: str, upstream_id: str) -> PollResult:
-        data = real.json_answer(self._call("GET", self._api(f"/predictions/{upstream_id}")))
+        data = http.json_answer(self._call("GET", self._api(f"/predictions/{upstream_id}")))
         status = _STATUSES.get(data.get("status"), "running")
         output_url = first_output(data.get("output"))
         error = data.get("error")
@@ -132,7 +132,7 @@ class ReplicateProvider(real.RealAdapter):
         cutoff = submitted_at - LOOKUP_SLACK_S
         url = self._api("/predictions")
         for _ in range(LOOKUP_MAX_PAGES):
-            page = real.json_answer(self._call("GET", url))
+            page = http.json_answer(self._call("GET", url))
             for prediction in page.get("results") or []:
                 created = parse_time(prediction.get("created_at"))
                 if created is not None and created < cutoff:
@@ -234,14 +234,14 @@ def _json_roundtrip(value):
 def error_from(response) -> ProviderError:
     """Problem details (`{"title", "detail", "status"}`) as a ProviderError of its class, with Replicate's
     own words: 422 input validation is invalid_input, a safety rejection is refused."""
-    data = real.error_body(response)
+    data = http.error_body(response)
     detail, title = data.get("detail"), data.get("title")
     if isinstance(detail, str) and detail.strip():
         message = detail.strip()
     elif isinstance(title, str) and title:
         message = title
     else:
-        message = real.fallback_message(response)
+        message = http.fallback_message(response)
     status = response.status_code
     kind, unknown = classify_http_error(status, refused=bool(_REFUSAL_WORDS.search(message)))
     if status == 402:

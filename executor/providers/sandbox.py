@@ -11,7 +11,7 @@ from executor.providers.base import (
     classify_http_error,
     parse_retry_after,
 )
-from executor.providers.http import send
+from executor.providers import http
 
 
 class SandboxProvider:
@@ -22,16 +22,13 @@ class SandboxProvider:
 
     def _call(self, method: str, path: str, **kwargs):
         url = path if path.startswith("http") else f"{self.base_url}{path}"
-        response = send(method, url, base_url=self.base_url, **kwargs)
+        response = http.send(method, url, base_url=self.base_url, **kwargs)
         if response.status_code >= 400:
-            try:
-                error = response.json().get("error") or {}
-            except ValueError:
-                error = {}
+            error = http.error_body(response).get("error") or {}
             kind, unknown = classify_http_error(response.status_code, refused=error.get("type") == "content_refused")
             raise ProviderError(
                 kind,
-                error.get("message") or response.text[:500] or response.reason,
+                error.get("message") or http.fallback_message(response),
                 status=response.status_code,
                 retry_after=parse_retry_after(response.headers.get("Retry-After")),
                 outcome_unknown=unknown,
@@ -47,17 +44,18 @@ class SandboxProvider:
         )
 
     def upload_input(self, model: str, payload: bytes, content_type: str) -> str:
-        return self._call("POST", "/v1/inputs", data=payload, headers={"Content-Type": content_type}).json()["id"]
+        return http.json_answer(self._call("POST", "/v1/inputs", data=payload,
+                                           headers={"Content-Type": content_type}))["id"]
 
     def submit(self, model: str, *, upstream_key: str, prompt: str, params: dict, metadata: dict,
                inputs: list[str]) -> Submission:
         if inputs:
             params = {**params, "inputs": inputs}
         body = {"model": model, "request_id": upstream_key, "prompt": prompt, "params": params, "metadata": metadata}
-        return self._submission(self._call("POST", "/v1/generations", json=body).json())
+        return self._submission(http.json_answer(self._call("POST", "/v1/generations", json=body)))
 
     def poll(self, model: str, upstream_id: str) -> PollResult:
-        data = self._call("GET", f"/v1/generations/{upstream_id}").json()
+        data = http.json_answer(self._call("GET", f"/v1/generations/{upstream_id}"))
         output = data.get("output") or {}
         error = data.get("error") or {}
         return PollResult(
@@ -73,7 +71,7 @@ class SandboxProvider:
     def lookup(self, model: str, *, upstream_key: str, metadata: dict, prompt: str, params: dict,
                submitted_at: float, inputs: list[str] | None = None) -> Submission | None:
         query = {"model": model, "metadata.upstream_key": upstream_key}
-        found = self._call("GET", "/v1/generations", params=query).json()["data"]
+        found = http.json_answer(self._call("GET", "/v1/generations", params=query))["data"]
         return self._submission(found[0]) if found else None
 
     def cancel(self, model: str, upstream_id: str) -> None:
@@ -86,7 +84,7 @@ class SandboxProvider:
                  metadata: dict) -> Completion:
         body = {"model": model, "system": system, "messages": messages, "max_tokens": max_tokens,
                 "metadata": metadata, "request_id": upstream_key}
-        data = self._call("POST", "/v1/messages", json=body).json()
+        data = http.json_answer(self._call("POST", "/v1/messages", json=body))
         usage = data.get("usage") or {}
         return Completion(
             upstream_id=data["id"],
