@@ -138,10 +138,17 @@ def wait(job) -> dict | None:
 
 
 def cancel_current(job) -> None:
-    """The job was cancelled: stop its running attempt upstream where the provider can."""
+    """The job was cancelled: stop its running attempt upstream where the provider can, and end it on
+    the record (cancelled, with its duration; what it cost stays). An attempt still `submitting` is left
+    to the execution sending it: its answer, whatever it is, must reach the record first."""
     current = _latest(job)
-    if current is not None and current.state == AttemptState.RUNNING and current.upstream_id:
+    if current is None or current.state != AttemptState.RUNNING:
+        return
+    if current.upstream_id:
         services.cancel_upstream(model_spec(current.model_name), current.upstream_id)
+    # Conditional on `running`: a poll that saw the render finish at the same moment keeps its success.
+    _end(current, AttemptState.FAILED, error_class=ErrorClass.CANCELLED, error="the job was cancelled",
+         expect=AttemptState.RUNNING)
 
 
 # --- decisions -----------------------------------------------------------------------------------------
@@ -244,6 +251,12 @@ def _send(job, attempt: Attempt) -> None:
             _release_send(attempt)
             raise StepRetry(f"input upload failed ({exc.kind}: {exc.message})") from exc
         _end(attempt, AttemptState.FAILED, error_class="upload_failed", error=exc.message)
+        return
+    except StepRetry:  # a reference could not be read for now: nothing was sent, so this send does not count
+        _release_send(attempt)
+        raise
+    except JobFailure as unreadable:  # a reference that cannot be read at all: nothing was sent
+        _end(attempt, AttemptState.FAILED, error_class=ErrorClass.INVALID_INPUT, error=unreadable.message)
         return
     provider = services.provider(spec)
     started = time.monotonic()
@@ -350,8 +363,8 @@ def _upload_inputs(job, spec) -> list[str]:
     uploaded = []
     for reference in references:
         if "output_key" in reference:
-            with services.store().open(reference["output_key"]) as handle:
-                payload, content_type = handle.read(), reference.get("content_type", "application/octet-stream")
+            payload = services.reference_read(job, reference["output_key"])
+            content_type = reference.get("content_type", "application/octet-stream")
         else:
             payload, content_type = base64.b64decode(reference["data"]), reference["content_type"]
         uploaded.append(provider.upload_input(spec.model, payload, content_type))
@@ -361,13 +374,18 @@ def _upload_inputs(job, spec) -> list[str]:
 # --- row changes -------------------------------------------------------------------------------------
 
 
-def _update(attempt: Attempt, **fields) -> None:
+def _update(attempt: Attempt, *, expect: str | None = None, **fields) -> bool:
+    rows = Attempt.objects.filter(id=attempt.id)
+    if expect is not None:
+        rows = rows.filter(state=expect)
+    if not rows.update(**fields):
+        return False  # another execution moved the attempt on first: this one changes nothing
     for name, value in fields.items():
         setattr(attempt, name, value)
-    Attempt.objects.filter(id=attempt.id).update(**fields)
+    return True
 
 
-def _end(attempt: Attempt, state: str, *, output_url: str | None = None, **fields) -> None:
+def _end(attempt: Attempt, state: str, *, output_url: str | None = None, **fields) -> bool:
     now = timezone.now()
     fields.setdefault("finished_at", now)
     if "duration_ms" not in fields:
@@ -375,7 +393,7 @@ def _end(attempt: Attempt, state: str, *, output_url: str | None = None, **field
         fields["duration_ms"] = int((now - begun).total_seconds() * 1000)
     if output_url:
         fields["request"] = {**attempt.request, "output_url": output_url}
-    _update(attempt, state=state, **fields)
+    return _update(attempt, state=state, **fields)
 
 
 def _claim_send(attempt: Attempt) -> bool:
@@ -415,4 +433,5 @@ def _accepted(attempt: Attempt) -> dict:
 
 
 def _finished(attempt: Attempt) -> dict:
-    return {**_accepted(attempt), "output_url": attempt.request.get("output_url")}
+    finished_at = attempt.finished_at.isoformat() if attempt.finished_at else None
+    return {**_accepted(attempt), "output_url": attempt.request.get("output_url"), "finished_at": finished_at}

@@ -30,7 +30,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from executor.store import OutputKeyTaken, StoredObject
+from executor.store import OutputKeyTaken, StoredObject, check_key
 
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
@@ -42,17 +42,6 @@ _KEY_EXISTS = {"PreconditionFailed", "412"}
 _CONCURRENT_WRITE = {"ConditionalRequestConflict", "409"}
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _PUT_TRIES = 4  # conditional writes refused by a write that then vanished (409 then absent): try again
-
-
-def check_key(key: str) -> None:
-    """The same lexical rule as FileStore: no leading '/', no empty parts, no part starting with '.'."""
-    if (
-        not isinstance(key, str)
-        or key.startswith("/")
-        or "\x00" in key
-        or any(not part or part.startswith(".") for part in key.split("/"))
-    ):
-        raise ValueError(f"output key {key!r} is not a store key")
 
 
 def _error_code(exc) -> str:

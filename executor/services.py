@@ -1,14 +1,18 @@
 """The executor's services for the job engine: providers, the output store, and what a media run does
 around its attempts (executor.attempts). They never change a job's status (that is jobs.services)."""
 
+import errno
 import logging
+from datetime import datetime
 
+from botocore.exceptions import ClientError, ParamValidationError
 from django.conf import settings
+from django.utils import timezone
 
 from executor.providers import provider_for
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
-from executor.store import OutputKeyTaken, StoredObject, get_store
+from executor.store import ClientStore, OutputKeyTaken, StoredObject, client_store
 from jobs.outcomes import JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
@@ -18,8 +22,39 @@ def provider(spec):
     return provider_for(spec.provider)
 
 
-def store():
-    return get_store()
+def store(job) -> ClientStore:
+    """The job's client's part of the output store: a job never sees another client's keys."""
+    return client_store(job.client_id)
+
+
+# What a store error means. A key the store cannot hold, a missing object, a refused permission: asking
+# again changes nothing, so the job ends (UPLOAD_FAILED, or INVALID_INPUT for a reference). A network
+# error, a 5xx, a full disk: asked again after a pause, for at most STORE_RETRY_WINDOW_S.
+_PERMANENT_ERRNOS = {errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                     errno.EINVAL, errno.ELOOP, errno.EROFS}
+
+
+def store_error_is_permanent(exc: Exception) -> bool:
+    if isinstance(exc, (ValueError, ParamValidationError)):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in _PERMANENT_ERRNOS
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return 400 <= status < 500 and status not in (408, 429)
+    return False
+
+
+def _store_failed(exc: Exception, doing: str, since: datetime | None):
+    """A store error as the step's outcome: the job ends at once on a permanent error, and on a transient
+    one once STORE_RETRY_WINDOW_S has passed since `since`; until then the step is tried again."""
+    words = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if store_error_is_permanent(exc):
+        return JobFailure("UPLOAD_FAILED", f"The output store could not {doing}: {words}")
+    if since is not None and (timezone.now() - since).total_seconds() > settings.STORE_RETRY_WINDOW_S:
+        return JobFailure("UPLOAD_FAILED", f"The output store could not {doing} for "
+                                           f"{settings.STORE_RETRY_WINDOW_S:g} s: {words}")
+    return StepRetry(f"the output store could not {doing} ({words})")
 
 
 def cancel_upstream(spec, upstream_id: str) -> bool:
@@ -36,7 +71,7 @@ def cancel_upstream(spec, upstream_id: str) -> bool:
 
 
 def output_describe(job, stored: StoredObject) -> dict:
-    url = store().presigned_url(stored.key) or f"{settings.PUBLIC_BASE_URL}/v1/jobs/{job.id}/output"
+    url = store(job).presigned_url(stored.key) or f"{settings.PUBLIC_BASE_URL}/v1/jobs/{job.id}/output"
     return {
         "key": stored.key,
         "url": url,
@@ -48,8 +83,13 @@ def output_describe(job, stored: StoredObject) -> dict:
 
 def output_check(job) -> dict | None:
     """Head the output key before preparing inputs or calling a provider (DESIGN.md, section 4): this
-    job's finished output means success with no provider call; another job's is a conflict."""
-    existing = store().head(job.output_key)
+    job's finished output means success with no provider call; another job's is a conflict. The store
+    is the client's own, and the key was claimed by this job at create (jobs.services), so a conflict
+    here means an object left from before that claim: it names only a job of the same client."""
+    try:
+        existing = store(job).head(job.output_key)
+    except Exception as exc:  # noqa: BLE001 - every store error is a decided outcome, never a stuck job
+        raise _store_failed(exc, "be read before paying", job.started_at) from exc
     if existing is None:
         return None
     if existing.written_by != str(job.id):
@@ -70,7 +110,23 @@ def media_store(job, finished: dict) -> dict:
     metadata = {"written_by": str(job.id), "provider": spec.provider, "model": spec.model,
                 "attempt": str(finished["attempt"])}
     try:
-        stored = store().put(job.output_key, payload, content_type=spec.content_type, metadata=metadata)
+        stored = store(job).put(job.output_key, payload, content_type=spec.content_type, metadata=metadata)
     except OutputKeyTaken as exc:
         raise JobFailure("OUTPUT_KEY_CONFLICT", str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - every store error is a decided outcome, never a stuck job
+        finished_at = finished.get("finished_at")
+        raise _store_failed(exc, "store the output", datetime.fromisoformat(finished_at) if finished_at
+                            else job.started_at) from exc
     return output_describe(job, stored)
+
+
+def reference_read(job, key: str) -> bytes:
+    """The bytes of a reference naming an earlier output of the job's own client (validated at submit:
+    an output of one of its own succeeded jobs). Unreadable for good: INVALID_INPUT, at once."""
+    try:
+        with store(job).open(key) as handle:
+            return handle.read()
+    except Exception as exc:  # noqa: BLE001
+        if store_error_is_permanent(exc):
+            raise JobFailure("INVALID_INPUT", f"The reference {key!r} cannot be read: {type(exc).__name__}") from exc
+        raise StepRetry(f"the reference {key!r} could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc

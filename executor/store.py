@@ -4,10 +4,13 @@ Writes are create-only, so two writers can never both land on one key; `head` te
 own output is already there (then nothing is paid again) or another job's is (a conflict).
 """
 
+import errno
 import itertools
 import json
 import os
-from dataclasses import dataclass
+import re
+import stat
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +29,43 @@ class StoredObject:
     @property
     def written_by(self) -> str | None:
         return self.metadata.get("written_by")
+
+
+# --- keys ------------------------------------------------------------------------------------------------
+
+# The one rule for output keys (the API's `output_key`, references, and every store): a relative key of
+# letters, digits and !_.*'()- in parts separated by single '/', no part starting with '.' (so no key can
+# climb out of its place or name the file store's own metadata files, which start with a dot).
+_KEY_CHARS = re.compile(r"[A-Za-z0-9!_.*'()/\-]+")
+# What a client may name. A key must fit every store: S3 allows 1,024 bytes in all, and the store puts
+# the client's prefix (`clients/<uuid>/`, 45 characters) and its own configured prefix in front; the
+# file store keeps `.<part>.payonce.json` beside each object, within Linux's 255-byte NAME_MAX.
+KEY_MAX_CHARS = 900
+PART_MAX_CHARS = 200
+STORE_KEY_MAX_CHARS = 1024
+
+
+def key_problem(key, *, max_chars: int = KEY_MAX_CHARS) -> str | None:
+    """Why `key` is not a valid output key, in words, or None if it is."""
+    if not isinstance(key, str) or not key:
+        return "An output key is a non-empty string."
+    if len(key) > max_chars:
+        return f"An output key has at most {max_chars} characters."
+    if not _KEY_CHARS.fullmatch(key):
+        return "An output key uses only letters, digits, '/' and !_.*'()-."
+    parts = key.split("/")
+    if any(not part or part.startswith(".") for part in parts):
+        return "An output key is relative, its parts separated by single '/', no part starting with '.'."
+    if any(len(part) > PART_MAX_CHARS for part in parts):
+        return f"Each part of an output key between '/' has at most {PART_MAX_CHARS} characters."
+    return None
+
+
+def check_key(key, *, max_chars: int = STORE_KEY_MAX_CHARS) -> None:
+    """Raise ValueError unless `key` is a valid key (every store checks again what it is given)."""
+    problem = key_problem(key, max_chars=max_chars)
+    if problem:
+        raise ValueError(f"output key {key!r:.80}: {problem}")
 
 
 class OutputKeyTaken(Exception):
@@ -52,10 +92,7 @@ class FileStore:
         self.root = Path(root).resolve()
 
     def _paths(self, key: str) -> tuple[str, str]:
-        # Keys are validated at submit; checked again here, lexically.
-        parts = key.split("/")
-        if key.startswith("/") or any(not part or part.startswith(".") for part in parts) or "\x00" in key:
-            raise ValueError(f"output key {key!r} is not a store key")
+        check_key(key)  # validated at submit; checked again here, lexically
         data = os.path.join(self.root, key)
         directory, name = os.path.split(data)
         return data, os.path.join(directory, f".{name}.payonce.json")
@@ -68,10 +105,12 @@ class FileStore:
         except FileNotFoundError:
             return None
         try:
-            size = os.stat(data).st_size
+            found = os.stat(data)
         except FileNotFoundError:
             return StoredObject(key, None, info.get("content_type", ""), info["metadata"], complete=False)
-        return StoredObject(key, size, info.get("content_type", ""), info["metadata"])
+        if not stat.S_ISREG(found.st_mode):  # a directory (or device) where the bytes belong: never "ours"
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", data)
+        return StoredObject(key, found.st_size, info.get("content_type", ""), info["metadata"])
 
     def _link_new(self, path: str, payload: bytes, *, durable: bool) -> bool:
         """Write payload to a temporary file and link it to `path`; False if `path` already exists."""
@@ -104,7 +143,13 @@ class FileStore:
             if existing.complete:
                 return existing  # our own earlier write landed: a completed upload is idempotent
             metadata = existing.metadata  # complete our own claim, keeping what it recorded
-        self._link_new(data, payload, durable=True)
+        if not self._link_new(data, payload, durable=True):
+            # Another execution of this same job completed the claim a moment before: its bytes stand.
+            # Anything else in the way is an error, never a success with no bytes behind it.
+            existing = self.head(key)
+            if existing is None or not existing.complete or existing.written_by != metadata.get("written_by"):
+                raise FileExistsError(errno.EEXIST, "something else is at the object's path", data)
+            return existing
         return StoredObject(key, len(payload), content_type, metadata)
 
     def open(self, key: str):
@@ -113,6 +158,40 @@ class FileStore:
 
     def presigned_url(self, key: str) -> str | None:
         return None  # served by the API (GET /v1/jobs/{id}/output)
+
+
+class ClientStore:
+    """One client's part of the store (DESIGN.md, section 4: keys belong to a client). Every key a client
+    names lives under `clients/<client id>/`, so no client can read, write, block or learn of another's
+    keys, whatever key it names; `StoredObject.key` is the key as the client named it."""
+
+    def __init__(self, store, client_id):
+        self.store = store
+        self.prefix = f"clients/{client_id}/"
+
+    def _key(self, key: str) -> str:
+        check_key(key, max_chars=KEY_MAX_CHARS)
+        return self.prefix + key
+
+    def _own(self, stored: StoredObject, key: str) -> StoredObject:
+        return replace(stored, key=key)
+
+    def head(self, key: str) -> StoredObject | None:
+        stored = self.store.head(self._key(key))
+        return self._own(stored, key) if stored is not None else None
+
+    def put(self, key: str, payload: bytes, *, content_type: str, metadata: dict) -> StoredObject:
+        try:
+            stored = self.store.put(self._key(key), payload, content_type=content_type, metadata=metadata)
+        except OutputKeyTaken as taken:
+            raise OutputKeyTaken(self._own(taken.existing, key)) from None
+        return self._own(stored, key)
+
+    def open(self, key: str):
+        return self.store.open(self._key(key))
+
+    def presigned_url(self, key: str) -> str | None:
+        return self.store.presigned_url(self._key(key))
 
 
 @lru_cache(maxsize=4)
@@ -133,4 +212,9 @@ def _store_for(url: str):
 
 
 def get_store():
+    """The whole store. The executor and the API reach it only through `client_store`."""
     return _store_for(settings.OUTPUT_STORE_URL)
+
+
+def client_store(client_id) -> ClientStore:
+    return ClientStore(get_store(), client_id)

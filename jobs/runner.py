@@ -193,6 +193,10 @@ class StepContext:
         return row.result if row is not None and row.status == StepStatus.DONE else default
 
 
+# How long a READ step waits before it is tried again after an error that may pass.
+READ_RETRY_S = 5.0
+
+
 class _LostRace(Exception):
     """Another execution committed this step first; read its result instead of ours."""
 
@@ -367,7 +371,15 @@ def _run_db(ctx: StepContext, specs: list[StepSpec]):
 
 
 def _run_read(ctx: StepContext, spec: StepSpec):
-    result = spec.fn(ctx)
+    try:
+        result = spec.fn(ctx)
+    except StepRetry as retry:
+        # A read that may pass (the output store unreachable): no lease to keep, so the job's enqueue
+        # lease is pushed past the pause instead, and the sweeper does not send a second chain meanwhile.
+        countdown = retry.countdown if retry.countdown is not None else READ_RETRY_S * random.uniform(0.8, 1.2)
+        services.job_extend_enqueue_lease(job_id=ctx.job.id, seconds=countdown + settings.ENQUEUE_LEASE_S)
+        logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, spec.name, retry.reason, countdown)
+        return Later(countdown)
     if not _insert_done(ctx, spec.name, result):
         return _adopt(ctx, spec.name)
     return None
