@@ -110,9 +110,14 @@ LOGGING = {
 
 # --- API -----------------------------------------------------------------------------------------------
 
-# The largest job request body accepted (413 above it). Django enforces the same bound on request.body.
+# The largest job request body accepted (413 above it), and the largest body of any other request. The
+# web process refuses a larger one before reading it (config.limits), and drops a body that has not
+# arrived within REQUEST_BODY_TIMEOUT_S. Django enforces the same bound on request.body.
 JOB_BODY_MAX_BYTES = env_int("JOB_BODY_MAX_BYTES", 256 * 1024, minimum=1024)
+REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 64 * 1024, minimum=1024)
+REQUEST_BODY_TIMEOUT_S = env_float("REQUEST_BODY_TIMEOUT_S", 10.0, minimum=0.1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = JOB_BODY_MAX_BYTES
+FILE_UPLOAD_MAX_MEMORY_SIZE = max(JOB_BODY_MAX_BYTES, REQUEST_BODY_MAX_BYTES, 2_621_440)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.auth.BearerAPIKeyAuthentication"],
@@ -138,7 +143,8 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Where links to outputs point (job JSON, webhooks). The API serves filesystem-store outputs itself.
-PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+# Unset, it follows the web process's own PORT.
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", f"http://127.0.0.1:{env_int('PORT', 8000)}").rstrip("/")
 
 # --- payonce -------------------------------------------------------------------------------------------
 
@@ -187,6 +193,9 @@ STEP_LEASE_S = env_float("STEP_LEASE_S", 30.0, minimum=1.0)
 ENQUEUE_LEASE_S = env_float("ENQUEUE_LEASE_S", 60.0, minimum=1.0)
 # How long a second execution of a step waits for the first one's result before re-scheduling itself.
 ATTACH_WAIT_S = env_float("ATTACH_WAIT_S", 10.0, minimum=0.0)
+# How long a store error that may pass (a network error, a 5xx, a full disk) is retried before the job
+# fails UPLOAD_FAILED; an error that cannot pass (a key the store cannot hold) fails it at once.
+STORE_RETRY_WINDOW_S = env_float("STORE_RETRY_WINDOW_S", 600.0, minimum=1.0)
 # How long a job may wait on an async provider before its attempt is given up (DESIGN.md, section 2).
 WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 50 * 60.0, minimum=1.0)
 

@@ -40,6 +40,8 @@ _SANDBOX = {
                     Capabilities(idempotency_key=False, lookup=False, asynchronous=True, cancel=False)),
     "llm": ("text", "text/markdown", "md", CHEAP_LLM),
 }
+# Every content type a job's output can have (GET /v1/jobs/{id}/output).
+OUTPUT_CONTENT_TYPES = ("video/mp4", "image/png", "application/octet-stream")
 _REPLICATE_MODEL = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?$")
 _OPENAI_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
 

@@ -37,6 +37,21 @@ class IdempotencyConflict(ApiError):
     code = "IDEMPOTENCY_CONFLICT"
 
 
+class OutputKeyConflict(ApiError):
+    status_code = status.HTTP_409_CONFLICT
+    code = "OUTPUT_KEY_CONFLICT"
+
+
+class RequestTimeout(ApiError):
+    status_code = status.HTTP_408_REQUEST_TIMEOUT
+    code = "REQUEST_TIMEOUT"
+
+
+class StoreUnavailable(ApiError):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    code = "STORE_UNAVAILABLE"
+
+
 class InvalidRequest(ApiError):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     code = "INVALID_REQUEST"

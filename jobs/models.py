@@ -88,6 +88,11 @@ class Job(models.Model):
         constraints = [
             # Two identical requests racing make one row: the loser's INSERT does nothing (jobs.services).
             models.UniqueConstraint(fields=["client", "idempotency_key"], name="job_client_idempotency_key"),
+            # An output key is claimed by its job when the job is created (DESIGN.md, section 4): a second
+            # job of the same client naming a held key is refused at submit, before anything is paid,
+            # instead of paying and then finding the key written (jobs.services turns the violation into
+            # OutputKeyConflict). Keys of different clients never meet: the store keeps them apart.
+            models.UniqueConstraint(fields=["client", "output_key"], name="job_client_output_key"),
             models.CheckConstraint(condition=Q(run__gte=1), name="job_run_positive"),
         ]
         indexes = [

@@ -2,6 +2,7 @@
 
 import base64
 import binascii
+import json
 import re
 
 from drf_spectacular.utils import extend_schema_field, inline_serializer
@@ -9,14 +10,17 @@ from rest_framework import serializers
 
 from executor.registry import model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
+from executor.store import KEY_MAX_CHARS, key_problem
 from jobs.models import JobKind
-from webhooks import ssrf
+from jobs.selectors import succeeded_output_keys
+from webhooks import services as webhooks
 
 FALLBACK_REASONS = ("exhausted", "unavailable", "refused", "window_expired")
 DEFAULT_POLICY = {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]}
 MAX_MODELS = 5
 MAX_JSON_DEPTH = 32
-_OUTPUT_KEY = re.compile(r"^[A-Za-z0-9!_.*'()\-][A-Za-z0-9!_.*'()/\-]*$")
+# A job's metadata is echoed in every answer, list page and event: it is for ids and tags, not payloads.
+METADATA_MAX_BYTES = 16 * 1024
 
 
 class StrictCharField(serializers.CharField):
@@ -80,8 +84,15 @@ class ReferenceSerializer(StrictSerializer):
     or an object already in payonce's output store (an earlier job's output)."""
 
     data = StrictCharField(required=False, max_length=200_000)
-    output_key = StrictCharField(required=False, max_length=1024)
+    # Only the output of one of the caller's own succeeded jobs (JobCreateSerializer.validate checks it).
+    output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
     content_type = StrictCharField(required=False, max_length=100)
+
+    def validate_output_key(self, value):
+        problem = key_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
     def validate(self, attrs):
         if ("data" in attrs) == ("output_key" in attrs):
@@ -119,9 +130,13 @@ class JobCreateSerializer(StrictSerializer):
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
     input = serializers.DictField()
     policy = PolicySerializer(required=False)
-    output_key = StrictCharField(required=False, max_length=1024)
+    output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
     webhook_url = serializers.URLField(required=False, max_length=2048)
     metadata = serializers.DictField(required=False)
+
+    def __init__(self, *args, client=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.client = client  # whose outputs a reference may name
 
     def validate_kind(self, value):
         if value == JobKind.REPORT:
@@ -142,20 +157,25 @@ class JobCreateSerializer(StrictSerializer):
         return value
 
     def validate_output_key(self, value):
-        parts = value.split("/")
-        if not _OUTPUT_KEY.match(value) or any(not part or part.startswith(".") for part in parts):
-            raise serializers.ValidationError(
-                "A relative key of letters, digits and !_.*'()- separated by single '/', no part starting with '.'."
-            )
+        problem = key_problem(value)  # the one rule every store can hold (executor.store)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_webhook_url(self, value):
         if not value.lower().startswith(("http://", "https://")):
             raise serializers.ValidationError("Only http and https URLs.")
-        try:  # private, loopback and link-local targets are refused after DNS (checked again at send)
-            ssrf.check_url(value)
-        except ssrf.Refused as refused:
-            raise serializers.ValidationError(f"This webhook URL may not be used ({refused.reason}): {refused}") from None
+        # Private, loopback and link-local targets are refused after DNS (checked again at send); the
+        # words never say what the host resolves to.
+        refusal = webhooks.webhook_url_refusal(value)
+        if refusal:
+            raise serializers.ValidationError(f"This webhook URL may not be used: {refusal}")
+        return value
+
+    def validate_metadata(self, value):
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        if size > METADATA_MAX_BYTES:
+            raise serializers.ValidationError(f"At most {METADATA_MAX_BYTES} bytes of JSON ({size} given).")
         return value
 
     def validate(self, attrs):
@@ -170,11 +190,31 @@ class JobCreateSerializer(StrictSerializer):
             media_input = MediaInputSerializer(data=attrs["input"])
             if not media_input.is_valid():
                 errors["input"] = media_input.errors
+            else:
+                refused = self._foreign_references(attrs["input"].get("references") or [])
+                if refused:
+                    errors["input"] = {"references": refused}
         if errors:
             raise serializers.ValidationError(errors)
         attrs.setdefault("policy", dict(DEFAULT_POLICY))
         attrs.setdefault("metadata", {})
         return attrs
+
+    def _foreign_references(self, references: list[dict]) -> list[dict]:
+        """A reference may name only an output of one of the caller's own succeeded jobs: any other key
+        (another client's output, a job still running, a key nothing was written to) is refused here,
+        before a row or a charge, with the same words whether or not the key exists elsewhere."""
+        keys = [ref["output_key"] for ref in references if "output_key" in ref]
+        if not keys:
+            return []
+        owned = succeeded_output_keys(client_id=self.client.id, keys=keys) if self.client is not None else set()
+        if all(key in owned for key in keys):
+            return []
+        return [
+            {"output_key": ["Not the output of one of your succeeded jobs."]}
+            if "output_key" in ref and ref["output_key"] not in owned else {}
+            for ref in references
+        ]
 
 
 class AttemptSerializer(serializers.Serializer):

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql
-from jobs.errors import IdempotencyConflict
+from jobs.errors import IdempotencyConflict, OutputKeyConflict
 from jobs.models import Client, ClientAPIKey, Job, JobStatus
+from jobs.selectors import job_holding_output_key
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +38,21 @@ def client_create(*, name: str, webhook_url: str = "", monthly_cap_usd: Decimal 
 # --- jobs ----------------------------------------------------------------------------------------------
 
 
+def _canonical_numbers(value):
+    """Numbers that are equal are the same request: 2 and 2.0 (and -0.0 and 0) hash alike."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _canonical_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical_numbers(item) for item in value]
+    return value
+
+
 def request_hash(validated: dict) -> str:
-    """SHA-256 of the canonical validated body: sorted keys, no insignificant whitespace."""
-    canonical = json.dumps(validated, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """SHA-256 of the canonical validated body: sorted keys, no insignificant whitespace, equal numbers
+    written one way."""
+    canonical = json.dumps(_canonical_numbers(validated), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -50,12 +63,16 @@ def _default_output_key(job_id: uuid.UUID, models: list[str]) -> str:
 def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job, bool]:
     """One key + one body = one job (DESIGN.md, section 1). Returns (job, created).
 
-    1. INSERT ... ON CONFLICT DO NOTHING on the named constraint job_client_idempotency_key, and in the
-       same statement read the existing row when nothing was inserted.
+    1. INSERT ... ON CONFLICT DO NOTHING (the named constraint job_client_idempotency_key decides a
+       replay), and in the same statement read the existing row when nothing was inserted.
     2. If a racing request committed its row after our statement's snapshot, that statement sees
        neither row; a second SELECT (a new snapshot) reads the winner's.
     3. Same key, other body -> IdempotencyConflict. A new row is enqueued on commit, with the id of the
        row read back; a replay enqueues nothing, so it never wakes a job that has ended.
+    4. A new key naming an output key another of the client's jobs claimed: the INSERT does nothing on
+       the named constraint job_client_output_key, and no row has the idempotency key ->
+       OutputKeyConflict, before anything is paid. (ON CONFLICT DO NOTHING names no arbiter, so either
+       constraint makes it do nothing, and no error aborts a caller's transaction.)
     """
     canonical = {
         "kind": data["kind"],
@@ -89,8 +106,15 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
     )
     job, created = _insert_or_read(candidate)
     if job is None:
-        # The race of step 2: the winner committed while our INSERT waited on its key.
-        job, created = Job.objects.get(client=client, idempotency_key=idempotency_key), False
+        # The race of step 2: the winner committed while our INSERT waited on its key. Or no row has
+        # this idempotency key at all: then the INSERT did nothing because of job_client_output_key.
+        job, created = Job.objects.filter(client=client, idempotency_key=idempotency_key).first(), False
+    if job is None:
+        holder = job_holding_output_key(client_id=client.id, key=candidate.output_key)
+        raise OutputKeyConflict(
+            "This output_key is already claimed by another of your jobs.",
+            output_key=candidate.output_key, job_id=str(holder) if holder else None,
+        )
     if job.request_hash != digest:
         raise IdempotencyConflict(
             "This Idempotency-Key was already used with a different request body.", job_id=str(job.id)
@@ -109,7 +133,7 @@ def _insert_or_read(candidate: Job) -> tuple[Job | None, bool]:
     sql = (
         f"WITH inserted AS ("
         f" INSERT INTO {table} ({columns}) VALUES ({placeholders})"
-        f" ON CONFLICT ON CONSTRAINT job_client_idempotency_key DO NOTHING RETURNING *)"
+        f" ON CONFLICT DO NOTHING RETURNING *)"
         f" SELECT inserted.*, TRUE AS created, '[]'::json AS attempt_rows FROM inserted"
         f" UNION ALL SELECT {table}.*, FALSE, {attempts_json_sql(table + '.id')}"
         f" FROM {table} WHERE client_id = %s AND idempotency_key = %s"
@@ -139,6 +163,14 @@ def job_mark_running(*, job_id: uuid.UUID) -> bool:
             [job_id],
         )
         return cursor.rowcount == 1
+
+
+def job_extend_enqueue_lease(*, job_id: uuid.UUID, seconds: float) -> None:
+    """A chain that pauses with no step lease (a READ step backing off) keeps the job as its own: the
+    sweeper resumes a job only once this lease ran out."""
+    Job.objects.filter(id=job_id, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).update(
+        lease_until=timezone.now() + timedelta(seconds=seconds)
+    )
 
 
 _EVENT_FOR = {

@@ -10,12 +10,13 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from executor.selectors import attempts_for, attempts_json_sql
-from executor.store import get_store
+from executor.registry import OUTPUT_CONTENT_TYPES
+from executor.selectors import attempts_json_sql
+from executor.services import store_error_is_permanent
+from executor.store import client_store
 from jobs import services
 from jobs.errors import (
     IdempotencyKeyInvalid,
@@ -24,14 +25,17 @@ from jobs.errors import (
     JobNotRetryable,
     JobTerminal,
     PayloadTooLarge,
+    StoreUnavailable,
     UnsupportedMediaType,
 )
 from jobs.models import Job, JobStatus
+from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
 
 # 1 to 255 visible ASCII characters (DESIGN.md, section 1).
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-_JSON_CONTENT_TYPE = re.compile(r"^application/([a-z0-9.+-]+\+)?json\s*(;.*)?$", re.IGNORECASE)
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+_JSON_CONTENT_TYPE = re.compile(r"^application/([a-z0-9.+-]+\+)?json$", re.IGNORECASE)
 
 _ERROR = inline_serializer(
     "Error",
@@ -60,11 +64,25 @@ def _contains_nul(value) -> bool:
     return False
 
 
+def check_json_content_type(content_type: str) -> None:
+    """The body must say it is JSON (`application/json`, or `application/<x>+json`), in UTF-8: a missing
+    Content-Type is not taken for JSON, and another charset is not decoded as if it were UTF-8."""
+    media_type, *params = [part.strip() for part in content_type.split(";")]
+    if not _JSON_CONTENT_TYPE.match(media_type):
+        shown = f"not {content_type[:100]!r}" if content_type else "and say so in Content-Type"
+        raise UnsupportedMediaType(f"Send the body as application/json, {shown}.")
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            raise UnsupportedMediaType(f"Send the body in UTF-8, not {value.strip()[:40]!r}.")
+
+
 def read_json_body(request) -> object:
     """Read at most JOB_BODY_MAX_BYTES of the body (also when it arrives chunked) and parse strict JSON.
 
-    Rejected here so nothing half-valid reaches PostgreSQL: NaN/Infinity and out-of-range numbers,
-    invalid UTF-8, and NUL characters (jsonb cannot store them).
+    The web process's ASGI guard (config.limits) refuses a larger body before Django sees it; this is the
+    same bound for any other way in. Rejected here so nothing half-valid reaches PostgreSQL: NaN/Infinity
+    and out-of-range numbers, invalid UTF-8, and NUL characters (jsonb cannot store them).
     """
     limit = settings.JOB_BODY_MAX_BYTES
     declared = request.META.get("CONTENT_LENGTH") or ""
@@ -73,9 +91,9 @@ def read_json_body(request) -> object:
     raw = request._request.read(limit + 1)
     if len(raw) > limit:
         raise PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit_bytes=limit)
-    content_type = request.META.get("CONTENT_TYPE", "")
-    if content_type and not _JSON_CONTENT_TYPE.match(content_type):
-        raise UnsupportedMediaType(f"Send the body as application/json, not {content_type[:100]!r}.")
+    if not raw:
+        raise InvalidRequest("The request body is empty: send the job as JSON.", fields={"body": ["Required."]})
+    check_json_content_type(request.META.get("CONTENT_TYPE", ""))
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
         if _contains_nul(body):
@@ -86,6 +104,11 @@ def read_json_body(request) -> object:
 
 
 def idempotency_key_from(request) -> str:
+    # Django joins a repeated header with "," ("K" twice reads "K,K", itself a valid key): count the raw
+    # headers the server received, so two keys are never taken for a third one.
+    raw_headers = getattr(request._request, "scope", {}).get("headers", ())
+    if sum(1 for name, _ in raw_headers if name.lower() == b"idempotency-key") > 1:
+        raise IdempotencyKeyInvalid("Send exactly one Idempotency-Key header.")
     key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if key is None or key == "":
         raise IdempotencyKeyMissing("The Idempotency-Key header is required for POST /v1/jobs.")
@@ -94,28 +117,34 @@ def idempotency_key_from(request) -> str:
     return key
 
 
-class JobPagination(CursorPagination):
-    ordering = ("-created_at", "-id")
-    page_size = 50
-    page_size_query_param = "limit"
-    max_page_size = 200
+_JOB_PAGE = inline_serializer("JobPage", {
+    "next": serializers.URLField(allow_null=True, help_text="The next (older) page, or null."),
+    "previous": serializers.URLField(allow_null=True, help_text="The previous (newer) page, or null."),
+    "results": JobSerializer(many=True),
+})
 
 
 class JobListCreateView(APIView):
     @extend_schema(
         operation_id="jobs_create",
         request=JobCreateSerializer,
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=True)],
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": 255, "pattern": IDEMPOTENCY_KEY_PATTERN},
+            OpenApiParameter.HEADER, required=True,
+            description="1 to 255 visible ASCII characters, sent once. The same key and body is the same job.",
+        )],
         responses={
             201: JobSerializer,
             202: OpenApiResponse(JobSerializer, description="A replay of the same key and body: the same job."),
-            400: _ERROR, 401: _ERROR, 409: _ERROR, 413: _ERROR, 415: _ERROR, 422: _ERROR,
+            400: _ERROR, 401: _ERROR,
+            409: OpenApiResponse(_ERROR, description="IDEMPOTENCY_CONFLICT, or OUTPUT_KEY_CONFLICT"),
+            413: _ERROR, 415: _ERROR, 422: _ERROR,
         },
     )
     def post(self, request):
         key = idempotency_key_from(request)
         body = read_json_body(request)
-        serializer = JobCreateSerializer(data=body)
+        serializer = JobCreateSerializer(data=body, client=request.user)
         serializer.is_valid(raise_exception=True)
         job, created = services.job_create(client=request.user, idempotency_key=key, data=serializer.validated_data)
         return Response(JobSerializer(job).data, status=201 if created else 202)
@@ -124,24 +153,17 @@ class JobListCreateView(APIView):
         operation_id="jobs_list",
         parameters=[
             OpenApiParameter("status", str, enum=JobStatus.values),
-            OpenApiParameter("cursor", str),
-            OpenApiParameter("limit", int),
+            OpenApiParameter("cursor", str, description="From `next` or `previous` of an earlier page."),
+            OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 50},
+                             description="Jobs per page; a page also stops before it grows past about 1 MiB."),
         ],
-        responses={200: JobSerializer(many=True), 401: _ERROR, 422: _ERROR},
+        responses={200: _JOB_PAGE, 401: _ERROR, 422: _ERROR},
     )
     def get(self, request):
-        jobs = Job.objects.filter(client=request.user)
         status = request.query_params.get("status")
-        if status:
-            if status not in JobStatus.values:
-                raise InvalidRequest("Unknown status.", fields={"status": [f"One of {', '.join(JobStatus.values)}."]})
-            jobs = jobs.filter(status=status)
-        paginator = JobPagination()
-        page = paginator.paginate_queryset(jobs, request, view=self)
-        attempts = attempts_for([job.id for job in page])
-        for job in page:
-            job.attempt_rows = attempts.get(job.id, [])
-        return paginator.get_paginated_response(JobSerializer(page, many=True).data)
+        if status and status not in JobStatus.values:
+            raise InvalidRequest("Unknown status.", fields={"status": [f"One of {', '.join(JobStatus.values)}."]})
+        return Response(job_page(request, client_id=request.user.id, status=status or None))
 
 
 class JobDetailView(APIView):
@@ -162,7 +184,8 @@ def _own_job(request, job_id) -> Job:
 
 
 class JobCancelView(APIView):
-    @extend_schema(operation_id="jobs_cancel", request=None, responses={200: JobSerializer, 404: _ERROR, 409: _ERROR})
+    @extend_schema(operation_id="jobs_cancel", request=None,
+                   responses={200: JobSerializer, 401: _ERROR, 404: _ERROR, 409: _ERROR})
     def post(self, request, job_id):
         job = _own_job(request, job_id)
         if not services.job_cancel(job=job):
@@ -172,7 +195,8 @@ class JobCancelView(APIView):
 
 
 class JobRetryView(APIView):
-    @extend_schema(operation_id="jobs_retry", request=None, responses={202: JobSerializer, 404: _ERROR, 409: _ERROR})
+    @extend_schema(operation_id="jobs_retry", request=None,
+                   responses={202: JobSerializer, 401: _ERROR, 404: _ERROR, 409: _ERROR})
     def post(self, request, job_id):
         job = _own_job(request, job_id)
         retried = services.job_retry(job=job)
@@ -185,16 +209,29 @@ class JobRetryView(APIView):
 
 
 class JobOutputView(APIView):
-    @extend_schema(operation_id="jobs_output", responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    @extend_schema(
+        operation_id="jobs_output",
+        responses={
+            **{(200, content_type): OpenApiTypes.BINARY for content_type in OUTPUT_CONTENT_TYPES},
+            302: OpenApiResponse(description="S3 store: a presigned URL of the object, valid for an hour."),
+            401: _ERROR, 404: _ERROR, 503: _ERROR,
+        },
+    )
     def get(self, request, job_id):
         job = Job.objects.filter(client=request.user, id=job_id, status=JobStatus.SUCCEEDED).first()
         if job is None or not job.output:
             raise NotFound("Not found.")
-        store = get_store()
+        store = client_store(request.user.id)  # the client's own keys only, whatever the row says
         url = store.presigned_url(job.output["key"])
         if url:
             return Response(status=302, headers={"Location": url})
-        return FileResponse(store.open(job.output["key"]), content_type=job.output.get("content_type"))
+        try:
+            handle = store.open(job.output["key"])
+        except Exception as exc:  # noqa: BLE001
+            if store_error_is_permanent(exc):  # gone from the store (or written before keys were per client)
+                raise NotFound("Not found.") from None
+            raise StoreUnavailable("The output store cannot be reached; try again shortly.") from None
+        return FileResponse(handle, content_type=job.output.get("content_type"))
 
 
 class WhoAmIView(APIView):
@@ -202,7 +239,8 @@ class WhoAmIView(APIView):
 
     @extend_schema(
         operation_id="whoami",
-        responses={200: inline_serializer("WhoAmI", {"client_id": serializers.UUIDField(), "name": serializers.CharField()})},
+        responses={200: inline_serializer("WhoAmI", {"client_id": serializers.UUIDField(), "name": serializers.CharField()}),
+                   401: _ERROR},
     )
     def get(self, request):
         return Response({"client_id": str(request.user.id), "name": request.user.name})

@@ -41,6 +41,25 @@ EVENTS = ("generation.succeeded", "generation.failed", "generation.cancelled", "
 ROTATION_OVERLAP = timedelta(hours=24)
 RESPONSE_BODY_KEPT = 20 * 1024
 RETRY_AFTER_BOUNDS_S = (1.0, 3600.0)
+# A target the guard refuses at send for a reason that cannot pass by itself (a private address, a bad
+# URL) ends its delivery at once (dead, replayable); a host that does not resolve may come back, so that
+# delivery keeps its retry schedule.
+_REFUSED_FOR_GOOD = frozenset(ssrf.REASONS) - {"resolve_failed"}
+# What a client is told when its webhook URL is refused: never what the host resolves to.
+_REFUSAL_WORDS = {
+    "private_address": "it resolves to a private or reserved address",
+    "resolve_failed": "its host name does not resolve",
+}
+
+
+def webhook_url_refusal(url: str) -> str | None:
+    """Why `url` may not be a webhook target, in words fit for the client who sent it, or None. The same
+    guard runs again at every send (deliveries_try)."""
+    try:
+        ssrf.check_url(url)
+    except ssrf.Refused as refused:
+        return _REFUSAL_WORDS.get(refused.reason) or str(refused)
+    return None
 
 
 # --- endpoints and secrets -------------------------------------------------------------------------
@@ -233,9 +252,12 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
                 continue
             if delivery.client_id not in secrets_by_client:
                 secrets_by_client[delivery.client_id] = signing_secrets(delivery.client_id)
-            answer, error, attempt = _post(session, delivery, url, secrets_by_client[delivery.client_id])
+            answer, error, attempt, refused = _post(session, delivery, url, secrets_by_client[delivery.client_id])
             tries.append(attempt)
-            if answer is not None and 200 <= answer.status < 300:
+            if refused in _REFUSED_FOR_GOOD:
+                _dead(delivery, error)  # no schedule will make this target allowed
+                outcomes.append("dead")
+            elif answer is not None and 200 <= answer.status < 300:
                 delivered.append((delivery, answer.status))
                 outcomes.append("delivered")
             elif answer is not None and answer.status == 410:
@@ -261,11 +283,11 @@ def _post(session, delivery: Delivery, url: str, secrets_: list[str]):
         "webhook-signature": sign(delivery_id=delivery.id, timestamp=timestamp, body=body, secrets_=secrets_),
     }
     started = time.monotonic()
-    answer, error = None, ""
+    answer, error, reason = None, "", None
     try:
         answer = session.post(url, body.encode("utf-8"), headers)
     except ssrf.Refused as refused:
-        error = f"refused by the SSRF guard: {refused.reason}: {refused}"
+        error, reason = f"refused by the SSRF guard: {refused.reason}: {refused}", refused.reason
     except ssrf.SendError as failed:
         error = f"send failed: {failed}"
     attempt = DeliveryAttempt(
@@ -275,7 +297,7 @@ def _post(session, delivery: Delivery, url: str, secrets_: list[str]):
         response_body=answer.body[:RESPONSE_BODY_KEPT].decode("utf-8", "replace") if answer else "",
         error=error,
     )
-    return answer, error, attempt
+    return answer, error, attempt, reason
 
 
 def _mark_delivered(delivered: list[tuple[Delivery, int]]) -> None:

@@ -6,7 +6,7 @@ from django.core.validators import URLValidator
 from django.core.exceptions import ValidationError
 
 from jobs.services import client_create
-from webhooks import ssrf
+from webhooks.services import webhook_url_refusal
 
 
 class Command(BaseCommand):
@@ -23,11 +23,12 @@ class Command(BaseCommand):
         if webhook_url:
             try:
                 URLValidator(schemes=["http", "https"])(webhook_url)
-                ssrf.check_url(webhook_url)
             except ValidationError:
                 raise CommandError(f"--webhook-url {webhook_url!r} is not an http(s) URL.") from None
-            except ssrf.Refused as refused:
-                raise CommandError(f"--webhook-url {webhook_url!r} may not be used: {refused}") from None
+            refusal = webhook_url_refusal(webhook_url)
+            if refusal:
+                raise CommandError(f"--webhook-url {webhook_url!r} may not be used: {refusal}"
+                                   " (WEBHOOK_ALLOW_PRIVATE=1 allows private targets in development).")
         cap = None
         if monthly_cap_usd is not None:
             try:

@@ -31,10 +31,13 @@ class Command(BaseCommand):
         self.stdout.write(f"Demo client {client.name} ({client.id})")
         self.stdout.write(f"  API key:        {demo['api_key']}")
         self.stdout.write(f"  webhook secret: {demo['webhook_secret']}")
-        self.stdout.write("Try it once the stack is up:")
         body = '{"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "a lighthouse at dusk", "render_s": 2}}'
-        self.stdout.write(
-            f"  curl -s -X POST {base}/v1/jobs -H 'Authorization: Bearer {demo['api_key']}' "
-            f'-H "Idempotency-Key: demo-$(date +%s)" -H \'Content-Type: application/json\' -d \'{body}\''
-        )
+        post = (f"curl -s -w '\\nHTTP %{{http_code}}\\n' -X POST {base}/v1/jobs -H 'Authorization: Bearer {demo['api_key']}' "
+                f"-H 'Content-Type: application/json' -d '{body}'")
+        self.stdout.write("Try it once the stack is up. The same key twice is one job (201, then 202):")
+        self.stdout.write(f"  {post} -H 'Idempotency-Key: demo-first-render'")
+        self.stdout.write("A new key is a new job:")
+        self.stdout.write(f'  {post} -H "Idempotency-Key: demo-$(date +%s)"')
+        self.stdout.write("Your jobs, and what the provider charged:")
         self.stdout.write(f"  curl -s {base}/v1/jobs -H 'Authorization: Bearer {demo['api_key']}'")
+        self.stdout.write(f"  curl -s {settings.SANDBOX_URL}/ledger")
