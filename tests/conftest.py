@@ -52,6 +52,36 @@ def jobs_worker(django_db_setup, django_db_blocker, sandbox, empty_broker):
     worker.stop()
 
 
+@pytest.fixture(scope="session")
+def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
+    """The `web` process and a `worker` as the Procfile starts them, on a broker of their own, for tests
+    that talk HTTP to the real web process (hostile input, tenants). No beat: nothing in the background
+    acts on a test's rows; every test waits for the jobs it starts. The web process's temporary
+    directory is its own, so a test can see that a refused body never reached the disk."""
+    from tests.support.procs import ProcfileProcess
+    from tests.support.sandbox import free_port
+
+    tmpdir = tmp_path_factory.mktemp("web-tmp")
+    env = {"BROKER_URL": "redis://127.0.0.1:6379/11", "PORT": free_port(), "TMPDIR": tmpdir,
+           "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2, "WORKER_CONCURRENCY": 8}
+    with django_db_blocker.unblock():
+        from kombu import Connection
+
+        from config.celery import app
+
+        with Connection(env["BROKER_URL"]) as conn:  # messages left by an interrupted run
+            queue = app.amqp.queues["jobs"](conn.default_channel)
+            queue.declare()
+            queue.purge()
+        web = ProcfileProcess("web", env).start()
+        worker = ProcfileProcess("worker", env).start()
+    web.tmpdir = tmpdir
+    web.url = f"http://127.0.0.1:{web.port}"
+    yield web
+    worker.stop()
+    web.stop()
+
+
 # Deliveries in tests: loopback receivers are allowed, and the retry schedule is seconds, not hours.
 WEBHOOK_TEST_ENV = {"WEBHOOK_ALLOW_PRIVATE": 1, "WEBHOOK_RETRY_SCHEDULE": "1,1,1", "WEBHOOK_SEND_LEASE_S": 3,
                     "WEBHOOK_FIRST_TRY_GRACE_S": 1}

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from executor.store import get_store
+from executor.store import client_store
 from tests.conftest import media_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -45,7 +45,7 @@ def test_media_job_runs_to_success_and_pays_once(jobs_worker, ledger, api):
     assert charges[0]["request_id"] == f"payonce-{job_id}-1"
     assert charges[0]["metadata"] == {"payonce_job": job_id, "payonce_attempt": 1, "upstream_key": f"payonce-{job_id}-1"}
     # The output landed in the store, tagged with the job that wrote it.
-    stored = get_store().head(job["output"]["key"])
+    stored = client_store(api.client_id).head(job["output"]["key"])
     assert stored is not None and stored.complete
     assert stored.written_by == job_id == job["output"]["written_by"]
     download = api.http.get(f"/v1/jobs/{job_id}/output", headers=api.headers())

@@ -10,7 +10,7 @@ import requests
 from django.utils import timezone
 
 from executor.models import Attempt
-from executor.store import get_store
+from executor.store import client_store
 from jobs import runner
 from jobs.models import Job, Step
 from jobs.tasks import start_run
@@ -191,7 +191,7 @@ def unsent_job(api, **overrides) -> Job:
 
 def test_output_already_written_by_this_job_is_success_with_no_provider_call(jobs_worker, ledger, api):
     job = unsent_job(api)
-    get_store().put(job.output_key, b"rendered before a crash", content_type="video/mp4",
+    client_store(job.client_id).put(job.output_key, b"rendered before a crash", content_type="video/mp4",
                     metadata={"written_by": str(job.id), "provider": "sandbox", "model": "video-keyed", "attempt": "1"})
     start_run(job.id, 1, "media")
     done, _ = wait_for(api, str(job.id), ENDED)
@@ -204,15 +204,28 @@ def test_output_already_written_by_this_job_is_success_with_no_provider_call(job
 def test_output_written_by_another_job_is_a_conflict_with_no_provider_call(jobs_worker, ledger, api):
     job = unsent_job(api, output_key=f"renders/{uuid.uuid4()}/shared.mp4")
     other = str(uuid.uuid4())
-    get_store().put(job.output_key, b"another job's film", content_type="video/mp4",
+    client_store(job.client_id).put(job.output_key, b"another job's film", content_type="video/mp4",
                     metadata={"written_by": other, "provider": "sandbox", "model": "video-keyed", "attempt": "1"})
     start_run(job.id, 1, "media")
     done, _ = wait_for(api, str(job.id), ENDED)
 
     assert done["status"] == "failed" and done["error"]["code"] == "OUTPUT_KEY_CONFLICT"
     assert ledger.calls() == []
-    with get_store().open(job.output_key) as handle:
+    with client_store(job.client_id).open(job.output_key) as handle:
         assert handle.read() == b"another job's film"  # never overwritten
+
+
+def test_a_key_the_store_cannot_hold_ends_the_job_upload_failed_before_anything_is_paid(ledger, api):
+    # A 242-character part: the file store's metadata file for it would be 256 bytes long (ENAMETOOLONG);
+    # The API refuses such a key at submit; a row that has one anyway (an older build) ends, never hangs.
+    job = unsent_job(api, output_key="renders/" + "a" * 242)
+
+    outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="t")
+
+    assert outcome == runner.Stop("failed: UPLOAD_FAILED")
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error["code"] == "UPLOAD_FAILED"
+    assert ledger.calls() == [] and attempts(job.id) == []
 
 
 # --- before the submit: pre-submit checks and inputs -------------------------------------------------------

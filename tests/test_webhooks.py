@@ -245,9 +245,11 @@ def test_a_private_target_is_refused_again_at_send_before_any_connection(api, se
     Delivery.objects.filter(id=delivery.id).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
     monkeypatch.setattr(socket, "create_connection", no_connection)
     [[(ident, token)]] = services.deliveries_claim_due()
-    assert services.delivery_try(ident=ident, token=token) == "retry"
+    # Dead at once: no try on the schedule would make a private address allowed.
+    assert services.delivery_try(ident=ident, token=token) == "dead"
     [attempt] = DeliveryAttempt.objects.filter(delivery_id=ident)
     assert attempt.status_code is None and "refused by the SSRF guard" in attempt.error
+    assert Delivery.objects.get(id=ident).status == "dead"
 
 
 # --- dead letters in the admin ---------------------------------------------------------------------
