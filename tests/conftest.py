@@ -35,51 +35,64 @@ def ledger(sandbox):
     return sandbox
 
 
-@pytest.fixture(scope="session")
-def empty_broker():
-    """Drop messages left in the test broker by an earlier, interrupted run."""
+def purge_queue(broker_url: str, name: str) -> None:
+    """Drop the messages waiting in one queue (left by an earlier test, or an interrupted run)."""
+    from kombu import Connection
+
     from config.celery import app
 
-    app.control.purge()
+    with Connection(broker_url) as conn:
+        queue = app.amqp.queues[name](conn.default_channel)
+        queue.declare()  # exactly as the workers declare it
+        queue.purge()
 
 
-@pytest.fixture(scope="session")
-def jobs_worker(django_db_setup, django_db_blocker, sandbox, empty_broker):
+# Background workers belong to one test. A worker started for a test acts only on that test's rows (the
+# queue is emptied first, so nothing another test enqueued reaches it), and it is stopped, warm (its
+# running tasks finish), before pytest-django flushes the database: each worker fixture depends on
+# `transactional_db`, so it is set up after it and torn down before it. No worker of the suite can touch
+# a test's rows when that test does not ask for one, or hold a lock when the tables are truncated.
+
+
+@pytest.fixture
+def jobs_worker(transactional_db, sandbox):
     """One `worker` process as the Procfile starts it (threads pool), on the test database."""
-    with django_db_blocker.unblock():
-        worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8}).start()
+    from django.conf import settings
+
+    purge_queue(settings.CELERY_BROKER_URL, "jobs")
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8}).start()
     yield worker
     worker.stop()
 
 
 @pytest.fixture(scope="session")
 def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
-    """The `web` process and a `worker` as the Procfile starts them, on a broker of their own, for tests
-    that talk HTTP to the real web process (hostile input, tenants). No beat: nothing in the background
-    acts on a test's rows; every test waits for the jobs it starts. The web process's temporary
-    directory is its own, so a test can see that a refused body never reached the disk."""
-    from tests.support.procs import ProcfileProcess
+    """The `web` process as the Procfile starts it, for tests that talk HTTP to the real web process
+    (hostile input, tenants), on a broker of its own. The web process acts only on requests, never in
+    the background, so one serves the session; a test whose jobs must run asks for `web_worker`. Its
+    temporary directory is its own, so a test can see that a refused body never reached the disk."""
     from tests.support.sandbox import free_port
 
     tmpdir = tmp_path_factory.mktemp("web-tmp")
-    env = {"BROKER_URL": "redis://127.0.0.1:6379/11", "PORT": free_port(), "TMPDIR": tmpdir,
-           "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2, "WORKER_CONCURRENCY": 8}
     with django_db_blocker.unblock():
-        from kombu import Connection
-
-        from config.celery import app
-
-        with Connection(env["BROKER_URL"]) as conn:  # messages left by an interrupted run
-            queue = app.amqp.queues["jobs"](conn.default_channel)
-            queue.declare()
-            queue.purge()
-        web = ProcfileProcess("web", env).start()
-        worker = ProcfileProcess("worker", env).start()
+        web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "TMPDIR": tmpdir}).start()
     web.tmpdir = tmpdir
     web.url = f"http://127.0.0.1:{web.port}"
     yield web
-    worker.stop()
     web.stop()
+
+
+WEB_STACK_ENV = {"BROKER_URL": "redis://127.0.0.1:6379/11", "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2,
+                 "WORKER_CONCURRENCY": 8}
+
+
+@pytest.fixture
+def web_worker(transactional_db, web_stack):
+    """A `worker` for the jobs `web_stack` takes, belonging to this test (see above)."""
+    purge_queue(WEB_STACK_ENV["BROKER_URL"], "jobs")
+    worker = ProcfileProcess("worker", WEB_STACK_ENV).start()
+    yield worker
+    worker.stop()
 
 
 # Deliveries in tests: loopback receivers are allowed, and the retry schedule is seconds, not hours.
@@ -87,11 +100,13 @@ WEBHOOK_TEST_ENV = {"WEBHOOK_ALLOW_PRIVATE": 1, "WEBHOOK_RETRY_SCHEDULE": "1,1,1
                     "WEBHOOK_FIRST_TRY_GRACE_S": 1}
 
 
-@pytest.fixture(scope="session")
-def webhooks_worker(django_db_setup, django_db_blocker, empty_broker):
-    """One `webhooks` process as the Procfile starts it, on the test database and broker."""
-    with django_db_blocker.unblock():
-        worker = ProcfileProcess("webhooks", env=WEBHOOK_TEST_ENV).start()
+@pytest.fixture
+def webhooks_worker(transactional_db):
+    """One `webhooks` process as the Procfile starts it, on the test database and broker (see above)."""
+    from django.conf import settings
+
+    purge_queue(settings.CELERY_BROKER_URL, "webhooks")
+    worker = ProcfileProcess("webhooks", env=WEBHOOK_TEST_ENV).start()
     yield worker
     worker.stop()
 

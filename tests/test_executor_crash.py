@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def stack(ledger):
-    processes = Stack("redis://127.0.0.1:6379/11")
+def stack(transactional_db, ledger):  # stopped before the database is flushed
+    processes = Stack("redis://127.0.0.1:6379/10")
     try:
         yield processes.start()
     finally:
@@ -51,7 +51,7 @@ def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(stack
     sent = [c for c in ledger.calls() if c["kind"] == "submit"]
     assert len(sent) >= 2  # it went out again after the restart ...
     assert {c["request_id"] for c in sent} == {f"payonce-{job_id}-1"}  # ... under the same key
-    charges = assert_books_balance(ledger, [job_id])
+    charges = assert_books_balance(ledger)
     assert len(charges) == 1
     [attempt] = Attempt.objects.filter(job_id=job_id)
     assert (attempt.number, attempt.state) == (1, "succeeded") and attempt.sends >= 2

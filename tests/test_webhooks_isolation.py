@@ -19,7 +19,7 @@ JOBS = 20
 
 
 @pytest.fixture
-def stack(ledger):
+def stack(transactional_db, ledger):  # stopped before the database is flushed
     processes = Stack("redis://127.0.0.1:6379/9", webhooks=True, **WEBHOOK_TEST_ENV)
     try:
         yield processes.start()
