@@ -103,7 +103,7 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobs import runner, services
+    from jobs import runner, services, workflow
     from jobs.models import ClientAPIKey
     from jobs.serializers import JobCreateSerializer
 
@@ -119,7 +119,7 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
                                          data=dict(serializer.validated_data))
             for stage in ("prepare", "wait", "finish"):
                 while isinstance(outcome := runner.run_stage(job_id=job.id, run=1, stage=stage, owner="bench"),
-                                 runner.Later):
+                                 workflow.Later):
                     time.sleep(outcome.countdown)
     commits = (next_xid() - xid) / sample
     return len(captured) / sample, commits

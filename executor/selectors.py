@@ -4,16 +4,18 @@ from decimal import Decimal
 
 from django.db import connection
 
+from executor.models import AttemptState
+
 # A job's attempts, API-shaped, as one JSON value: a subquery other reads embed (`%s` is the job id
 # column or a parameter), so a job and its attempts come back in one statement.
-ATTEMPTS_JSON_SQL = """
+ATTEMPTS_JSON_SQL = f"""
 (SELECT coalesce(json_agg(json_build_object(
         'number', a.number, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
         'state', a.state, 'error_class', a.error_class, 'error', a.error, 'duration_ms', a.duration_ms,
         'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage,
-        'maybe_paid', a.accepted_at IS NOT NULL OR a.state IN ('submitting', 'uncertain'))
+        'maybe_paid', a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))
         ORDER BY a.number), '[]'::json)
-   FROM executor_attempt a WHERE a.job_id = {job})
+   FROM executor_attempt a WHERE a.job_id = {{job}})
 """
 
 _SIX = Decimal("0.000001")

@@ -13,12 +13,11 @@ import json
 import uuid
 from datetime import datetime
 
-from django.db.models import Q
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from executor.selectors import attempts_for
 from jobs.errors import InvalidRequest
-from jobs.models import Job
+from jobs.selectors import job_list_rows
 from jobs.serializers import job_as_dict
 
 DEFAULT_LIMIT = 50
@@ -59,19 +58,9 @@ def job_page(request, *, client_id, status: str | None) -> dict:
     limit = _limit(request.query_params.get("limit"))
     raw_cursor = request.query_params.get("cursor")
     cursor = decode_cursor(raw_cursor) if raw_cursor else None  # `cursor=` (empty) is the first page
-    jobs = Job.objects.filter(client_id=client_id)
-    if status:
-        jobs = jobs.filter(status=status)
     backwards = cursor is not None and cursor[2] == "prev"
-    if cursor is not None:
-        at, job_id, _ = cursor
-        if backwards:  # newer than the cursor, nearest first
-            jobs = jobs.filter(Q(created_at__gt=at) | Q(created_at=at, id__gt=job_id)).order_by("created_at", "id")
-        else:
-            jobs = jobs.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=job_id)).order_by("-created_at", "-id")
-    else:
-        jobs = jobs.order_by("-created_at", "-id")
-    rows = list(jobs[: limit + 1])
+    rows = job_list_rows(client_id=client_id, status=status, after=cursor[:2] if cursor else None,
+                         backwards=backwards, limit=limit + 1)
     attempts = attempts_for([job.id for job in rows[:limit]])
     shown, results, size = [], [], 0
     for job in rows[:limit]:

@@ -9,7 +9,7 @@ from executor import attempts
 from executor import services as executor
 from jobs import services
 from jobs.models import JobStatus
-from jobs.runner import Effect, Recipe, Stage, StepSpec, recipe_register
+from jobs.workflow import Effect, Recipe, Stage, StepSpec, recipe_register
 
 
 def mark_running(ctx) -> dict:

@@ -1,8 +1,7 @@
 """The durable step runner: Celery moves the work, Postgres remembers it (DESIGN.md, section 2).
 
-A recipe is a list of stages; a stage is one Celery task running one or more steps, each its own `Step`
-row (a checkpoint is a row, not a message). A stage ends where the job must wait (a polling step) or fan
-out (parallel sub-steps). Every step is safe to deliver twice:
+It runs a recipe's stages (jobs.workflow) on a job's `Step` rows (jobs.steps). Every step is safe to
+deliver twice:
 
 - a `done` step returns its stored result and does nothing else;
 - a step with effects outside the database claims a lease by conditional upsert; a second execution that
@@ -10,188 +9,37 @@ out (parallel sub-steps). Every step is safe to deliver twice:
   the holder renews the lease while it works, and a lease that ran out (a dead worker) is taken over;
 - a step marks itself `done` in the same transaction as its own database effects.
 
-The runner talks only to the database. It returns an outcome that the task layer (jobs.tasks) turns into
-Celery actions, so every path here can be driven directly from a test.
+The runner talks only to the database. It answers with an outcome of jobs.workflow, which the task layer
+(jobs.tasks) turns into Celery actions, so every path here can be driven directly from a test.
 """
 
-import enum
 import logging
-import random
-import threading
-import time
-import uuid
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Callable
+from datetime import datetime
 
 from django.conf import settings
-from django.db import connection, connections, transaction
-from django.db.models.functions import Now
+from django.db import transaction
 from django.utils import timezone
 
-from jobs import services
-from jobs.models import Job, JobStatus, Step, StepStatus
+from config.retry import backoff_s, jittered
+from jobs import selectors, services
+from jobs.models import JobStatus, StepStatus
 from jobs.outcomes import JobFailure, JobHold, StepRetry
+from jobs.steps import (
+    StepContext,
+    StepRow,
+    step_adopt,
+    step_attach,
+    step_claim,
+    step_end_failed,
+    step_heartbeat,
+    step_hold_for_retry,
+    step_insert_done,
+    step_mark_done,
+    step_renew_lease,
+)
+from jobs.workflow import RECIPES, Continue, Done, Effect, FanOut, Later, Recipe, Resume, Stage, StepSpec, Stop
 
 logger = logging.getLogger(__name__)
-
-
-class Effect(enum.Enum):
-    DB = "db"  # only database effects: they and the done mark commit together
-    READ = "read"  # reads outside the database (or effects that are idempotent by key): run, then mark done
-    EXTERNAL = "external"  # effects outside the database: lease, heartbeat, then mark done
-    WAIT = "wait"  # polls something slow: holds a lease across polls, re-scheduled until finished
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    name: str
-    fn: Callable  # fn(ctx) -> JSON result; a WAIT step returns None while it is still waiting
-    effect: Effect
-    # EXTERNAL only: database effects committed with the claim (intent before spend) ...
-    claim: Callable | None = None  # claim(ctx) -> None
-    # ... and with the done mark.
-    apply: Callable | None = None  # apply(ctx, result) -> None
-
-
-@dataclass(frozen=True)
-class FanOutSpec:
-    """Parallel sub-steps of one stage, one `Step` row each (`{name}-{key}`), joined when all have ended."""
-
-    name: str
-    keys: Callable  # keys(ctx) -> list[str]
-    fn: Callable  # fn(ctx, key) -> JSON result (an EXTERNAL effect)
-
-    def step_name(self, key: str) -> str:
-        return f"{self.name}-{key}"
-
-    @property
-    def join_name(self) -> str:
-        return f"{self.name}:joined"
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    steps: tuple[StepSpec, ...] = ()
-    fanout: FanOutSpec | None = None
-
-    @property
-    def waits(self) -> bool:
-        """A stage that polls: as a later link of a chain it is sent with a countdown (the stage before
-        it already polled once, inline)."""
-        return any(spec.effect is Effect.WAIT for spec in self.steps)
-
-    def step_names(self) -> list[str]:
-        return [self.fanout.join_name] if self.fanout else [spec.name for spec in self.steps]
-
-
-@dataclass(frozen=True)
-class Recipe:
-    kind: str
-    stages: tuple[Stage, ...]
-    on_cancel: Callable | None = None  # on_cancel(ctx): stop upstream work of a cancelled job
-
-    def index(self, stage_name: str) -> int:
-        return next(i for i, stage in enumerate(self.stages) if stage.name == stage_name)
-
-
-RECIPES: dict[str, Recipe] = {}
-
-
-def recipe_register(recipe: Recipe) -> Recipe:
-    RECIPES[recipe.kind] = recipe
-    return recipe
-
-
-# --- outcomes ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Continue:
-    """The stage is done: the chain goes on."""
-
-
-@dataclass(frozen=True)
-class Done:
-    """The run went through its last stage: nothing is left for the chain."""
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Nothing more for this chain: the job ended, moved on to another run, or someone else carries it."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Later:
-    """Run this stage again after `countdown` seconds (a poll, a back-off, a lease held elsewhere)."""
-
-    countdown: float
-
-
-@dataclass(frozen=True)
-class FanOut:
-    """Start these sub-steps in parallel; their join continues the run."""
-
-    stage: str
-    keys: list[str]
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Start the rest of the run from this stage (after a fan-out joined, or from the sweeper)."""
-
-    kind: str
-    stage_index: int
-    countdown: float = 0.0
-
-
-# --- context -----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepRow:
-    """What the runner needs of a `Step` row (read with plain SQL: this is the hot path of every job)."""
-
-    id: int
-    name: str
-    status: str
-    result: object = None
-    attempts: int = 1
-    lease_owner: str = ""
-    lease_until: datetime | None = None
-
-
-@dataclass
-class StepContext:
-    """One execution of a task on one job.
-
-    Leases name their holder. `owner` is this execution (the task id plus a nonce: two deliveries of one
-    message are two executions); `task_id` alone is what a step that backs off reserves its lease for,
-    so the task sent again after the pause takes it back; `chain` (the Celery root id, shared by every
-    link and re-send of one chain) holds a polling step's lease across polls and links.
-    """
-
-    job: Job
-    task_id: str
-    chain: str
-    owner: str = ""
-    rows: dict[str, StepRow] = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.owner = self.owner or f"{self.task_id}#{uuid.uuid4().hex[:8]}"
-
-    @property
-    def run(self) -> int:
-        return self.job.run
-
-    def result(self, name: str, default=None):
-        row = self.rows.get(name)
-        return row.result if row is not None and row.status == StepStatus.DONE else default
-
 
 # How long a READ step waits before it is tried again after an error that may pass.
 READ_RETRY_S = 5.0
@@ -204,18 +52,9 @@ class _LostRace(Exception):
 # --- entry points ------------------------------------------------------------------------------------------
 
 
-# The job and the steps of its current run, in one statement.
-_LOAD_SQL = """
-SELECT j.*, (SELECT coalesce(json_agg(json_build_object(
-                 'id', s.id, 'name', s.name, 'status', s.status, 'result', s.result, 'attempts', s.attempts,
-                 'lease_owner', s.lease_owner, 'lease_until', s.lease_until)), '[]'::json)
-               FROM jobs_step s WHERE s.job_id = j.id AND s.run = j.run) AS step_rows
-  FROM jobs_job j WHERE j.id = %s
-"""
-
-
 def _load(job_id, run: int, owner: str, chain: str | None) -> tuple[StepContext | None, Stop | None]:
-    job = next(iter(Job.objects.raw(_LOAD_SQL, [job_id])), None)
+    """The job and its current run's steps; or why this execution has nothing to do."""
+    job = selectors.job_with_steps(job_id)
     if job is None:
         return None, Stop("no such job")
     if job.run != run:
@@ -224,27 +63,27 @@ def _load(job_id, run: int, owner: str, chain: str | None) -> tuple[StepContext 
     for row in job.step_rows:
         lease_until = datetime.fromisoformat(row["lease_until"]) if row["lease_until"] else None
         ctx.rows[row["name"]] = StepRow(**{**row, "lease_until": lease_until})
-    if job.status == JobStatus.CANCELLED:
-        recipe = RECIPES[job.kind]
+    if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+        return ctx, Stop("cancelled" if job.status == JobStatus.CANCELLED else f"job is {job.status}")
+    return ctx, None
+
+
+def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
+    """A chain that finds its job cancelled stops its upstream work on the way out."""
+    if ctx is not None and ctx.job.status == JobStatus.CANCELLED:
+        recipe = RECIPES[ctx.job.kind]
         if recipe.on_cancel is not None:
             recipe.on_cancel(ctx)
-        return None, Stop("cancelled")
-    if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
-        return None, Stop(f"job is {job.status}")
-    return ctx, None
+    return stop
 
 
 def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None):
     """Run a stage of a job's run, then the stages after it, inline, for as long as none has to wait: a
-    render the provider finished at submit needs no message to wait for it.
-
-    Returns Later (run this stage again after a pause: a poll, a back-off), Continue (a later stage has
-    to wait: the chain's next link, sent with a countdown, runs it), Done (the run went through its last
-    stage: the chain's remaining links are not needed), Stop, FanOut or Resume.
-    """
+    render the provider finished at submit needs no message to wait for it. Answers with an outcome of
+    jobs.workflow (its table says what each means for the chain)."""
     ctx, stop = _load(job_id, run, owner, chain)
     if stop:
-        return stop
+        return _stopped(ctx, stop)
     recipe = RECIPES[ctx.job.kind]
     first = recipe.index(stage)
     for index in range(first, len(recipe.stages)):
@@ -285,14 +124,14 @@ def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: st
     """Run one sub-step of a fan-out stage, then join the stage if every sub-step has ended."""
     ctx, stop = _load(job_id, run, owner, chain)
     if stop:
-        return stop
+        return _stopped(ctx, stop)
     recipe = RECIPES[ctx.job.kind]
     fanout = recipe.stages[recipe.index(stage)].fanout
     spec = StepSpec(fanout.step_name(key), lambda c: fanout.fn(c, key), Effect.EXTERNAL)
     try:
         outcome = _run_step(ctx, spec, fail_job=False)
     except JobFailure as failure:  # a sub-step's failure is its own; the stage after the join decides
-        _upsert_ended(ctx, spec.name, StepStatus.FAILED, {"error": failure.as_error()})
+        step_end_failed(ctx, spec.name, {"error": failure.as_error()})
         outcome = None
     if outcome is not None:
         return outcome
@@ -300,15 +139,15 @@ def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: st
 
 
 def stop_cancelled(*, job_id, run: int, owner: str) -> Stop:
-    """Run the recipe's cancel hook if the job was cancelled (loading it does exactly that)."""
-    _, stop = _load(job_id, run, owner, None)
-    return stop or Stop("not cancelled")
+    """A cancel won: run the recipe's cancel hook now rather than at the job's next poll."""
+    ctx, stop = _load(job_id, run, owner, None)
+    return _stopped(ctx, stop) if stop else Stop("not cancelled")
 
 
-def resume_point(job: Job) -> int | None:
+def resume_point(job) -> int | None:
     """The first stage of the job's current run with a step not yet done (None: every stage is done)."""
     recipe = RECIPES[job.kind]
-    done = set(Step.objects.filter(job=job, run=job.run, status=StepStatus.DONE).values_list("name", flat=True))
+    done = selectors.done_step_names(job_id=job.id, run=job.run)
     for index, stage in enumerate(recipe.stages):
         if not set(stage.step_names()) <= done:
             return index
@@ -347,7 +186,7 @@ def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True):
                 services.job_hold(job_id=ctx.job.id, run=ctx.run, error=error)
             else:
                 services.job_finish(job_id=ctx.job.id, status=JobStatus.FAILED, error=error)
-            _upsert_ended(ctx, getattr(failure, "step", spec.name), StepStatus.FAILED, {"error": error})
+            step_end_failed(ctx, getattr(failure, "step", spec.name), {"error": error})
         return Stop(f"{'held' if isinstance(failure, JobHold) else 'failed'}: {failure.code}")
 
 
@@ -360,11 +199,11 @@ def _run_db(ctx: StepContext, specs: list[StepSpec]):
                 except JobFailure as failure:
                     failure.step = spec.name  # the whole group rolls back; this step is the one that failed
                     raise
-                if not _insert_done(ctx, spec.name, result):
+                if not step_insert_done(ctx, spec.name, result):
                     raise _LostRace  # rolls back our effects: the other execution's stand
     except _LostRace:
         for spec in specs:
-            outcome = _adopt(ctx, spec.name)
+            outcome = step_adopt(ctx, spec.name)
             if outcome is not None:
                 return outcome
     return None
@@ -376,24 +215,24 @@ def _run_read(ctx: StepContext, spec: StepSpec):
     except StepRetry as retry:
         # A read that may pass (the output store unreachable): no lease to keep, so the job's enqueue
         # lease is pushed past the pause instead, and the sweeper does not send a second chain meanwhile.
-        countdown = retry.countdown if retry.countdown is not None else READ_RETRY_S * random.uniform(0.8, 1.2)
+        countdown = retry.countdown if retry.countdown is not None else jittered(READ_RETRY_S)
         services.job_extend_enqueue_lease(job_id=ctx.job.id, seconds=countdown + settings.ENQUEUE_LEASE_S)
         logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, spec.name, retry.reason, countdown)
         return Later(countdown)
-    if not _insert_done(ctx, spec.name, result):
-        return _adopt(ctx, spec.name)
+    if not step_insert_done(ctx, spec.name, result):
+        return step_adopt(ctx, spec.name)
     return None
 
 
 def _run_external(ctx: StepContext, spec: StepSpec):
-    state, row = _claim(ctx, spec, settings.STEP_LEASE_S)
+    state, row = step_claim(ctx, spec.name, settings.STEP_LEASE_S)
     if state == "held":
-        state, row = _attach(ctx, spec)
+        state, row = step_attach(ctx, spec.name)
     if state == "held":
         return Later(max(1.0, min(settings.STEP_LEASE_S, 5.0)))
-    if state != "claimed":  # done or failed meanwhile: _claim read the row into ctx.rows
+    if state != "claimed":  # done or failed meanwhile: step_claim read the row into ctx.rows
         return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
-    with _heartbeat(row.id, ctx.owner, settings.STEP_LEASE_S) as lost:
+    with step_heartbeat(row.id, ctx.owner, settings.STEP_LEASE_S) as lost:
         try:
             result = spec.fn(ctx)
         except StepRetry as retry:
@@ -407,49 +246,35 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
     """Claim the polling lease (held by the chain across its polls, so the sweeper can tell a live
     poller from a lost one, and a second chain stops instead of polling alongside), poll under a
     heartbeat (a poll may submit the next attempt), then record what it said."""
-    state, row = _claim(ctx, spec, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S, owner=ctx.chain)
+    state, row = step_claim(ctx, spec.name, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S, owner=ctx.chain)
     if state == "held":
         return Stop(f"another poller holds {spec.name}")
     if state != "claimed":
         return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
-    with _heartbeat(row.id, ctx.chain, settings.STEP_LEASE_S):
+    with step_heartbeat(row.id, ctx.chain, settings.STEP_LEASE_S):
         try:
             result = spec.fn(ctx)
         except StepRetry as retry:
             return _back_off(ctx, row, retry, owner=ctx.chain)
     if result is None:
-        Step.objects.filter(id=row.id, lease_owner=ctx.chain, status=StepStatus.RUNNING).update(
-            lease_until=Now() + timedelta(seconds=settings.POLL_INTERVAL_S + settings.STEP_LEASE_S)
-        )
+        step_renew_lease(row.id, ctx.chain, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S)
         return Later(settings.POLL_INTERVAL_S)
     return _record_done(ctx, spec, row, ctx.chain, result)
 
 
 def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, result):
-    """Mark a leased step done, with its `apply` effects in the same transaction (one statement alone
-    needs no transaction of its own). If the lease was lost meanwhile, take the other execution's."""
-    try:
-        with transaction.atomic() if spec.apply is not None else nullcontext():
-            if spec.apply is not None:
-                spec.apply(ctx, result)
-            if not _mark_done(row.id, owner, result):
-                raise _LostRace  # our lease ran out and another execution took the step over
-    except _LostRace:
-        return _adopt(ctx, spec.name)
+    """Mark a leased step done (one statement). If the lease was lost meanwhile, take the other
+    execution's outcome."""
+    if not step_mark_done(row.id, owner, result):
+        return step_adopt(ctx, spec.name)  # our lease ran out and another execution took the step over
     ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, owner)
     return None
 
 
 def _back_off(ctx: StepContext, row: StepRow, retry: StepRetry, *, owner: str | None = None) -> Later:
-    """Keep the lease across the pause (so a duplicate attaches) but let it run out if our retry is lost.
-    An execution's lease is reserved for its task id (the same task, sent again after the pause, takes it
-    back); a chain's polling lease stays the chain's."""
-    countdown = retry.countdown
-    if countdown is None:
-        countdown = min(2 ** max(row.attempts - 1, 0), 30) * random.uniform(0.8, 1.2)
-    Step.objects.filter(id=row.id, lease_owner=owner or ctx.owner, status=StepStatus.RUNNING).update(
-        lease_owner=owner or ctx.task_id, lease_until=Now() + timedelta(seconds=countdown + settings.STEP_LEASE_S)
-    )
+    """Pause the step (its lease kept across the pause, reserved for this task or chain)."""
+    countdown = retry.countdown if retry.countdown is not None else backoff_s(row.attempts, cap=30.0)
+    step_hold_for_retry(row.id, owner or ctx.owner, owner or ctx.task_id, countdown + settings.STEP_LEASE_S)
     logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, row.name, retry.reason, countdown)
     return Later(countdown)
 
@@ -479,152 +304,10 @@ def _join(ctx: StepContext, recipe: Recipe, index: int):
     step row is inserted once, so exactly one of them continues the run."""
     fanout = recipe.stages[index].fanout
     names = [fanout.step_name(key) for key in fanout.keys(ctx)]
-    ended = Step.objects.filter(
-        job=ctx.job, run=ctx.run, name__in=names, status__in=[StepStatus.DONE, StepStatus.FAILED]
-    ).count()
-    if ended < len(names):
+    if selectors.ended_step_count(job_id=ctx.job.id, run=ctx.run, names=names) < len(names):
         return Stop("waiting for sibling sub-steps")
-    if not _insert_done(ctx, fanout.join_name, {"steps": len(names)}):
+    if not step_insert_done(ctx, fanout.join_name, {"steps": len(names)}):
         return Stop("another sub-step joined the stage")
     if index + 1 >= len(recipe.stages):
         return Stop("fan-out was the last stage")
     return Resume(ctx.job.kind, index + 1)
-
-
-# --- leases ------------------------------------------------------------------------------------------------
-
-
-_CLAIM_SQL = """
-INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at)
-VALUES (%(job)s, %(run)s, %(name)s, 'running', NULL, 1, %(owner)s, now() + %(lease)s, now())
-ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
-   SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, attempts = jobs_step.attempts + 1
- WHERE jobs_step.status = 'running'
-   AND (jobs_step.lease_until < now() OR jobs_step.lease_owner IN (EXCLUDED.lease_owner, %(reserved)s))
-RETURNING id, attempts, lease_until
-"""
-
-
-def _claim(ctx: StepContext, spec: StepSpec, lease_s: float, *, owner: str | None = None) -> tuple[str, StepRow]:
-    """Claim the step's lease: the row is new, its lease ran out (a dead holder), it is ours, or it was
-    reserved for this task (sent again after a back-off). Returns ("claimed" | "done" | "failed" | "held", row).
-
-    The upsert's WHERE decides a race between two executions: Postgres serialises them on the row, the
-    second re-evaluates the WHERE against the first's lease and gets no row back.
-    """
-    owner = owner or ctx.owner
-    params = {"job": ctx.job.id, "run": ctx.run, "name": spec.name, "owner": owner, "reserved": ctx.task_id,
-              "lease": timedelta(seconds=lease_s)}
-    with transaction.atomic() if spec.claim is not None else nullcontext():
-        with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL, params)
-            claimed = cursor.fetchone()
-        if claimed is not None:
-            row = StepRow(claimed[0], spec.name, StepStatus.RUNNING, None, claimed[1], owner, claimed[2])
-            ctx.rows[spec.name] = row
-            if spec.claim is not None:
-                spec.claim(ctx)  # intent before spend: committed together with the lease
-            return "claimed", row
-    row = _reload(ctx, spec.name)
-    if row.status == StepStatus.RUNNING:
-        return "held", row
-    return row.status, row
-
-
-def _attach(ctx: StepContext, spec: StepSpec) -> tuple[str, StepRow]:
-    """Another execution holds a live lease: wait for its result instead of doing the work again. If its
-    lease runs out meanwhile (its worker died), take the step over."""
-    deadline = time.monotonic() + settings.ATTACH_WAIT_S
-    state, row = "held", None
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        state, row = _claim(ctx, spec, settings.STEP_LEASE_S)
-        if state != "held":
-            break
-    return state, row
-
-
-@contextmanager
-def _heartbeat(step_id: int, owner: str, lease_s: float):
-    """Renew the lease every third of its length while the work runs, from a thread of its own."""
-    stop, lost = threading.Event(), threading.Event()
-
-    def beat():
-        try:
-            while not stop.wait(lease_s / 3):
-                renewed = Step.objects.filter(id=step_id, lease_owner=owner, status=StepStatus.RUNNING).update(
-                    lease_until=Now() + timedelta(seconds=lease_s)
-                )
-                if not renewed:
-                    lost.set()
-                    return
-        except Exception:
-            logger.exception("heartbeat of step %s failed", step_id)
-        finally:
-            connections.close_all()  # this thread's connection goes back to the pool
-
-    thread = threading.Thread(target=beat, name=f"heartbeat-{step_id}", daemon=True)
-    thread.start()
-    try:
-        yield lost
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _json(value):
-    return Step._meta.get_field("result").get_db_prep_save(value, connection)
-
-
-def _mark_done(step_id: int, owner: str, result) -> bool:
-    """running -> done, only while we still hold the lease. Zero rows: another execution took over."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE jobs_step SET status = 'done', result = %s, lease_until = NULL, finished_at = now()"
-            " WHERE id = %s AND lease_owner = %s AND status = 'running'",
-            [_json(result), step_id, owner],
-        )
-        return cursor.rowcount == 1
-
-
-_INSERT_DONE_SQL = """
-INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
-VALUES (%s, %s, %s, 'done', %s, 1, %s, NULL, now(), now())
-ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id
-"""
-
-
-def _insert_done(ctx: StepContext, name: str, result) -> bool:
-    """A step that needed no lease, recorded done. False: another execution recorded it first."""
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_DONE_SQL, [ctx.job.id, ctx.run, name, _json(result), ctx.owner])
-        inserted = cursor.fetchone()
-    if inserted is None:
-        return False
-    ctx.rows[name] = StepRow(inserted[0], name, StepStatus.DONE, result, 1, ctx.owner)
-    return True
-
-
-def _upsert_ended(ctx: StepContext, name: str, status: str, result) -> None:
-    Step.objects.update_or_create(
-        job=ctx.job, run=ctx.run, name=name,
-        defaults={"status": status, "result": result, "lease_until": None, "finished_at": timezone.now()},
-    )
-
-
-def _reload(ctx: StepContext, name: str) -> StepRow:
-    step = Step.objects.get(job=ctx.job, run=ctx.run, name=name)
-    row = StepRow(step.id, name, step.status, step.result, step.attempts, step.lease_owner, step.lease_until)
-    ctx.rows[name] = row
-    return row
-
-
-def _adopt(ctx: StepContext, name: str):
-    """Take the stored outcome of a step another execution completed."""
-    row = _reload(ctx, name)
-    if row.status == StepStatus.DONE:
-        return None
-    if row.status == StepStatus.FAILED:
-        return Stop(f"step {name} failed")
-    return Later(1.0)
-

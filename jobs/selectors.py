@@ -1,6 +1,13 @@
-"""Reads of the jobs tables for other modules (views, the serializers' checks, the executor)."""
+"""Reads of the jobs tables: for the views, the serializers' checks, the runner, the sweeper and the
+executor (nobody else reads jobs_job or jobs_step directly)."""
 
-from jobs.models import Job, JobStatus
+from datetime import timedelta
+
+from django.db import connection
+from django.db.models import Q
+
+from executor.selectors import attempts_json_sql
+from jobs.models import Job, JobStatus, Step, StepStatus
 
 
 def succeeded_output_keys(*, client_id, keys) -> set[str]:
@@ -17,3 +24,91 @@ def succeeded_output_keys(*, client_id, keys) -> set[str]:
 def job_holding_output_key(*, client_id, key: str):
     """The id of the client's job that claimed `key`, or None."""
     return Job.objects.filter(client_id=client_id, output_key=key).values_list("id", flat=True).first()
+
+
+# --- the API ---------------------------------------------------------------------------------------------
+
+_OWN_JOB_SQL = f"SELECT j.*, {attempts_json_sql('j.id')} AS attempt_rows FROM jobs_job j WHERE j.id = %s AND j.client_id = %s"
+
+
+def own_job(*, client_id, job_id) -> Job | None:
+    """The client's job with its attempts, in one statement; another client's job is None."""
+    return next(iter(Job.objects.raw(_OWN_JOB_SQL, [job_id, client_id])), None)
+
+
+def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwards: bool, limit: int) -> list[Job]:
+    """A client's jobs by (created_at, id): newest first, older than `after` (a position); or, going
+    `backwards`, newer than `after`, nearest first. On the index job_client_created."""
+    jobs = Job.objects.filter(client_id=client_id)
+    if status:
+        jobs = jobs.filter(status=status)
+    if after is None:
+        jobs = jobs.order_by("-created_at", "-id")
+    elif backwards:
+        at, job_id = after
+        jobs = jobs.filter(Q(created_at__gt=at) | Q(created_at=at, id__gt=job_id)).order_by("created_at", "id")
+    else:
+        at, job_id = after
+        jobs = jobs.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=job_id)).order_by("-created_at", "-id")
+    return list(jobs[:limit])
+
+
+def own_succeeded_job(*, client_id, job_id) -> Job | None:
+    return Job.objects.filter(client_id=client_id, id=job_id, status=JobStatus.SUCCEEDED).first()
+
+
+# --- the runner and the sweeper ---------------------------------------------------------------------------
+
+# The job and the steps of its current run, in one statement (the hot path of every stage).
+_JOB_WITH_STEPS_SQL = """
+SELECT j.*, (SELECT coalesce(json_agg(json_build_object(
+                 'id', s.id, 'name', s.name, 'status', s.status, 'result', s.result, 'attempts', s.attempts,
+                 'lease_owner', s.lease_owner, 'lease_until', s.lease_until)), '[]'::json)
+               FROM jobs_step s WHERE s.job_id = j.id AND s.run = j.run) AS step_rows
+  FROM jobs_job j WHERE j.id = %s
+"""
+
+
+def job_with_steps(job_id):
+    """The job with `step_rows` (its current run's steps as dicts), or None."""
+    return next(iter(Job.objects.raw(_JOB_WITH_STEPS_SQL, [job_id])), None)
+
+
+def done_step_names(*, job_id, run: int) -> set[str]:
+    return set(Step.objects.filter(job_id=job_id, run=run, status=StepStatus.DONE).values_list("name", flat=True))
+
+
+def ended_step_count(*, job_id, run: int, names) -> int:
+    """How many of the named steps of the run are done or failed (a fan-out's join)."""
+    return Step.objects.filter(job_id=job_id, run=run, name__in=list(names),
+                               status__in=[StepStatus.DONE, StepStatus.FAILED]).count()
+
+
+# No live chain: the enqueue lease ran out, no step of the current run holds a live lease, and no step
+# finished within the lease (a message handing the job to its next stage may still be queued).
+_STUCK_SQL = f"""
+SELECT j.id, j.run, j.kind FROM jobs_job j
+ WHERE j.status IN ('{JobStatus.QUEUED}', '{JobStatus.RUNNING}')
+   AND j.lease_until < now()
+   AND NOT EXISTS (
+       SELECT 1 FROM jobs_step s
+        WHERE s.job_id = j.id AND s.run = j.run
+          AND ((s.status = '{StepStatus.RUNNING}' AND s.lease_until >= now()) OR s.finished_at >= now() - %(handoff)s))
+ ORDER BY j.lease_until
+ LIMIT %(limit)s
+"""
+
+
+def stuck_jobs(*, handoff: timedelta, limit: int = 500) -> list[tuple]:
+    """Jobs that should be moving but show no sign of a live chain: [(id, run, kind)]."""
+    with connection.cursor() as cursor:
+        cursor.execute(_STUCK_SQL, {"handoff": handoff, "limit": limit})
+        return cursor.fetchall()
+
+
+# --- the executor ------------------------------------------------------------------------------------------
+
+
+def job_is_cancelled(job_id) -> bool:
+    """An API cancel is final: the executor looks before it spends."""
+    return Job.objects.filter(id=job_id, status=JobStatus.CANCELLED).exists()

@@ -15,7 +15,7 @@ from django.utils import timezone
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql
 from jobs.errors import IdempotencyConflict, OutputKeyConflict
-from jobs.models import Client, ClientAPIKey, Job, JobStatus
+from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus
 from jobs.selectors import job_holding_output_key
 
 logger = logging.getLogger(__name__)
@@ -150,16 +150,18 @@ def _insert_or_read(candidate: Job) -> tuple[Job | None, bool]:
 def job_enqueue_on_commit(job: Job) -> None:
     """Start the job's run once the row is committed. A broker that is down loses nothing: the job stays
     queued in Postgres and the sweeper starts it when its enqueue lease runs out."""
+    from jobs import tasks
+
     job_id, run, kind = job.id, job.run, job.kind
-    transaction.on_commit(lambda: _enqueue_safely("start_run", job_id, run, kind))
+    transaction.on_commit(lambda: _enqueue_safely(tasks.start_run, job_id, run, kind))
 
 
 def job_mark_running(*, job_id: uuid.UUID) -> bool:
     """queued -> running. Zero rows: the job was cancelled, or is already running (a resumed run)."""
     with connection.cursor() as cursor:  # plain SQL: this runs for every job (the ORM's cost shows)
         cursor.execute(
-            "UPDATE jobs_job SET status = 'running', started_at = now(), updated_at = now()"
-            " WHERE id = %s AND status = 'queued'",
+            f"UPDATE jobs_job SET status = '{JobStatus.RUNNING}', started_at = now(), updated_at = now()"
+            f" WHERE id = %s AND status = '{JobStatus.QUEUED}'",
             [job_id],
         )
         return cursor.rowcount == 1
@@ -190,7 +192,7 @@ def _emit(job: Job, event: str) -> None:
 
 _FINISH_SQL = f"""
 UPDATE jobs_job SET status = %s, output = %s, error = %s, completed_at = now(), updated_at = now()
- WHERE id = %s AND status IN ('queued', 'running', 'waiting')
+ WHERE id = %s AND status IN ({", ".join(f"'{status}'" for status in OPEN_STATUSES)})
 RETURNING *, {attempts_json_sql("jobs_job.id")} AS attempt_rows
 """
 
@@ -219,8 +221,10 @@ def job_cancel(*, job: Job) -> bool:
         job_id=job.id, status=JobStatus.CANCELLED, error={"code": "CANCELLED", "message": "Cancelled by the client."}
     )
     if won:
+        from jobs import tasks
+
         job_id, run = job.id, job.run
-        transaction.on_commit(lambda: _enqueue_safely("cancel_upstream", job_id, run))
+        transaction.on_commit(lambda: _enqueue_safely(tasks.cancel_upstream, job_id, run))
     return won
 
 
@@ -256,10 +260,10 @@ def job_retry(*, job: Job) -> Job | None:
     return job
 
 
-def _enqueue_safely(name: str, *args) -> None:
-    from jobs import tasks
-
+def _enqueue_safely(enqueue, *args) -> None:
+    """Call an enqueueing function of jobs.tasks; a broker that is down loses nothing (the row is the
+    truth, and the sweeper recovers it)."""
     try:
-        getattr(tasks, name)(*args)
+        enqueue(*args)
     except Exception:  # the broker is unreachable; Postgres holds the state and the sweeper recovers
-        logger.exception("could not enqueue %s%r; the sweeper will pick it up", name, args)
+        logger.exception("could not enqueue %s%r; the sweeper will pick it up", enqueue.__name__, args)

@@ -10,40 +10,19 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from jobs import selectors
 from jobs.models import Job, JobStatus
 from jobs.runner import resume_point
 
 logger = logging.getLogger(__name__)
 
-# No live chain: the enqueue lease ran out, no step of the current run holds a live lease, and no step
-# finished within the lease (a message handing the job to its next stage may still be queued).
-_STUCK_SQL = """
-SELECT j.id, j.run, j.kind FROM jobs_job j
- WHERE j.status IN ('queued', 'running')
-   AND j.lease_until < now()
-   AND NOT EXISTS (
-       SELECT 1 FROM jobs_step s
-        WHERE s.job_id = j.id AND s.run = j.run
-          AND ((s.status = 'running' AND s.lease_until >= now()) OR s.finished_at >= now() - %(handoff)s))
- ORDER BY j.lease_until
- LIMIT %(limit)s
-"""
-
-
-def stuck_jobs(limit: int = 500) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(_STUCK_SQL, {"handoff": timedelta(seconds=settings.ENQUEUE_LEASE_S), "limit": limit})
-        return cursor.fetchall()
-
-
 def sweep(limit: int = 500) -> list[tuple]:
     """Claim stuck jobs and say where each resumes: [(job_id, run, kind, stage_index)]."""
     resumed = []
-    for job_id, run, kind in stuck_jobs(limit):
+    for job_id, run, kind in selectors.stuck_jobs(handoff=timedelta(seconds=settings.ENQUEUE_LEASE_S), limit=limit):
         # The claim: two sweepers may both have read this job as stuck; the UPDATE re-checks the lease on
         # the committed row, so only the first pushes it out and resumes the job.
         claimed = Job.objects.filter(

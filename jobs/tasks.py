@@ -8,7 +8,7 @@ import logging
 from celery import group, shared_task
 from django.conf import settings
 
-from jobs import runner, sweeper
+from jobs import runner, sweeper, workflow
 
 logger = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def start_run(job_id, run: int, kind: str = "media", from_stage: int = 0, countd
     """Enqueue the chain of a run's stages from `from_stage`, one link per stage. A link whose stage
     polls waits a poll interval: the link before it polled once already. A link finds its steps done
     when an earlier link ran its stage inline, and the link that runs the last stage ends the chain."""
-    first, *rest = runner.RECIPES[kind].stages[from_stage:]
+    first, *rest = workflow.RECIPES[kind].stages[from_stage:]
     links = [run_stage.si(str(job_id), run, stage.name) for stage in rest]
     links = [link.set(countdown=settings.POLL_INTERVAL_S) if stage.waits else link for link, stage in zip(links, rest)]
     # The chain travels in the first message (Celery's own `chain` field, links in reverse order), as
@@ -31,15 +31,16 @@ def cancel_upstream(job_id, run: int) -> None:
 
 
 def _follow(task, outcome, job_id: str, run: int) -> None:
-    """Turn the runner's outcome into Celery actions. Neither Retry nor Ignore is raised: each costs a
-    formatted traceback, which is more CPU than a whole fast job; the same effects are had directly."""
-    if isinstance(outcome, runner.Continue):
+    """Turn the runner's outcome into Celery actions, as the table in jobs.workflow says. Neither Retry
+    nor Ignore is raised: each costs a formatted traceback, which is more CPU than a whole fast job; the
+    same effects are had directly."""
+    if isinstance(outcome, workflow.Continue):
         return  # the chain's next link runs the next stage
-    if isinstance(outcome, runner.Later):
+    if isinstance(outcome, workflow.Later):
         _send_again(task, outcome.countdown)
-    elif isinstance(outcome, runner.FanOut):
+    elif isinstance(outcome, workflow.FanOut):
         group(run_substep.si(job_id, run, outcome.stage, key) for key in outcome.keys).apply_async()
-    elif isinstance(outcome, runner.Resume):
+    elif isinstance(outcome, workflow.Resume):
         start_run(job_id, run, outcome.kind, outcome.stage_index, outcome.countdown)
     task.request.chain = None  # Later, Done, Stop, FanOut, Resume: this execution ends the chain here
 

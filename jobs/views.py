@@ -14,10 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from executor.registry import OUTPUT_CONTENT_TYPES
-from executor.selectors import attempts_json_sql
 from executor.services import store_error_is_permanent
 from executor.store import client_store
-from jobs import services
+from jobs import selectors, services
 from jobs.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
@@ -172,12 +171,9 @@ class JobDetailView(APIView):
         return Response(JobSerializer(_own_job(request, job_id)).data)
 
 
-_OWN_JOB_SQL = f"SELECT j.*, {attempts_json_sql('j.id')} AS attempt_rows FROM jobs_job j WHERE j.id = %s AND j.client_id = %s"
-
-
 def _own_job(request, job_id) -> Job:
     """The client's job with its attempts, in one statement; another client's job is 404."""
-    job = next(iter(Job.objects.raw(_OWN_JOB_SQL, [job_id, request.user.id])), None)
+    job = selectors.own_job(client_id=request.user.id, job_id=job_id)
     if job is None:
         raise NotFound("Not found.")
     return job
@@ -218,7 +214,7 @@ class JobOutputView(APIView):
         },
     )
     def get(self, request, job_id):
-        job = Job.objects.filter(client=request.user, id=job_id, status=JobStatus.SUCCEEDED).first()
+        job = selectors.own_succeeded_job(client_id=request.user.id, job_id=job_id)
         if job is None or not job.output:
             raise NotFound("Not found.")
         store = client_store(request.user.id)  # the client's own keys only, whatever the row says

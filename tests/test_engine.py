@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from executor import services as executor_services
-from jobs import runner, services, sweeper
+from jobs import runner, services, sweeper, workflow
 from jobs.models import Job, JobStatus, Step, StepStatus
-from jobs.runner import Continue, Done, Effect, FanOut, FanOutSpec, Later, Recipe, Resume, Stage, StepSpec, Stop
+from jobs.workflow import Continue, Done, Effect, FanOut, FanOutSpec, Later, Recipe, Resume, Stage, StepSpec, Stop
 from tests.conftest import concurrently, media_body
 from webhooks.models import Delivery
 
@@ -261,7 +261,7 @@ def test_fan_out_runs_substeps_once_and_resumes_only_the_missing(api, monkeypatc
         Stage("chapters", fanout=FanOutSpec("chapter", keys=lambda ctx: ["a", "b", "c"], fn=chapter)),
         Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
     ))
-    monkeypatch.setitem(runner.RECIPES, "report", recipe)
+    monkeypatch.setitem(workflow.RECIPES, "report", recipe)
     job = new_job(api)
     Job.objects.filter(id=job.id).update(kind="report")
     job.refresh_from_db()

@@ -18,7 +18,6 @@ receivers dedupe on `webhook-id`.
 import base64
 import json
 import logging
-import random
 import secrets
 import time
 from datetime import datetime, timedelta
@@ -31,6 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
+from config.retry import jittered, parse_retry_after
 from config.sql import insert_ignore
 from webhooks import ssrf
 from webhooks.models import Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
@@ -172,11 +172,11 @@ def deliveries_claim_due(*, limit: int = 500) -> list[list[tuple[str, str]]]:
     lease = timedelta(seconds=settings.WEBHOOK_SEND_LEASE_S)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             WITH due AS (
                 SELECT d.id FROM webhooks_delivery d
                   LEFT JOIN webhooks_endpoint e ON e.client_id = d.client_id
-                 WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+                 WHERE d.status = '{DeliveryStatus.PENDING}' AND d.next_attempt_at <= now()
                    AND (d.url <> '' OR e.disabled_at IS NULL)
                  ORDER BY d.next_attempt_at
                  LIMIT %s
@@ -196,11 +196,11 @@ def deliveries_claim_due(*, limit: int = 500) -> list[list[tuple[str, str]]]:
     return [rows[i:i + size] for rows in by_target.values() for i in range(0, len(rows), size)]
 
 
-_CLAIM_TRIES_SQL = """
+_CLAIM_TRIES_SQL = f"""
 UPDATE webhooks_delivery d SET next_attempt_at = now() + %s, attempts = d.attempts + 1,
        schedule_position = d.schedule_position + 1
   FROM unnest(%s::text[], %s::timestamptz[]) AS held(id, token)
- WHERE d.id = held.id AND d.next_attempt_at = held.token AND d.status = 'pending'
+ WHERE d.id = held.id AND d.next_attempt_at = held.token AND d.status = '{DeliveryStatus.PENDING}'
    AND (d.url <> '' OR NOT EXISTS (SELECT 1 FROM webhooks_endpoint e
                                     WHERE e.client_id = d.client_id AND e.disabled_at IS NOT NULL))
 RETURNING d.*
@@ -263,7 +263,7 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
             elif answer is not None and answer.status == 410:
                 outcomes.append(_gone(delivery, endpoint))
             else:
-                retry_after = _retry_after(answer.headers.get("retry-after")) if answer else None
+                retry_after = parse_retry_after(answer.headers.get("retry-after")) if answer else None
                 outcomes.append(_again_or_dead(delivery, status=answer.status if answer else None,
                                                error=error or f"HTTP {answer.status}", retry_after=retry_after))
     DeliveryAttempt.objects.bulk_create(tries)
@@ -306,11 +306,11 @@ def _mark_delivered(delivered: list[tuple[Delivery, int]]) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            UPDATE webhooks_delivery d SET status = 'delivered', delivered_at = now(), last_status_code = held.code,
+            f"""
+            UPDATE webhooks_delivery d SET status = '{DeliveryStatus.DELIVERED}', delivered_at = now(), last_status_code = held.code,
                    last_error = ''
               FROM unnest(%s::text[], %s::int[], %s::int[]) AS held(id, attempts, code)
-             WHERE d.id = held.id AND d.attempts = held.attempts AND d.status = 'pending'
+             WHERE d.id = held.id AND d.attempts = held.attempts AND d.status = '{DeliveryStatus.PENDING}'
             """,
             [[d.id for d, _ in delivered], [d.attempts for d, _ in delivered], [code for _, code in delivered]],
         )
@@ -337,7 +337,7 @@ def _again_or_dead(delivery: Delivery, *, status, error: str, retry_after: float
     if retry_after is not None:
         delay = min(max(retry_after, RETRY_AFTER_BOUNDS_S[0]), RETRY_AFTER_BOUNDS_S[1])
     else:
-        delay = schedule[position - 1] * (1 + random.uniform(0, 0.2))  # up to 20% jitter
+        delay = jittered(schedule[position - 1], 1.0, 1.2)  # up to 20% later (API.md)
     _mine(delivery).update(next_attempt_at=timezone.now() + timedelta(seconds=delay), last_status_code=status,
                            last_error=error[:2000])
     return "retry"
@@ -360,13 +360,6 @@ def _gone(delivery: Delivery, endpoint: Endpoint | None) -> str:
 
 def _dead(delivery: Delivery, error: str) -> None:
     _mine(delivery).update(status=DeliveryStatus.DEAD, last_error=error)
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None  # an HTTP date: the schedule decides
 
 
 # --- dead letters ------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ retry policy is decided in one place (executor.attempts), never by scattered try
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from config.retry import parse_retry_after  # noqa: F401 (the adapters read Retry-After through here)
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -154,15 +156,6 @@ class TextProvider(Protocol):
 
     def complete(self, model: str, *, system: str, messages: list[dict], max_tokens: int, upstream_key: str,
                  metadata: dict) -> Completion: ...
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header given in seconds; an HTTP date or garbage is ignored."""
-    try:
-        seconds = float(value) if value else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and 0 <= seconds < 86400 else None
 
 
 def classify_http_error(status: int, refused: bool = False) -> tuple[str, bool]:

@@ -1,0 +1,243 @@
+"""The `Step` row primitives (the services of jobs_step): claim a lease, renew it, mark a step done,
+record a step that needed no lease, end one failed, and adopt what another execution recorded.
+
+Every write here is one statement conditional on the row's state and lease, so two executions of a step
+(a redelivered message, the sweeper's resume, a second chain) decide their race in PostgreSQL:
+- a claim is an upsert whose WHERE admits a new row, a lease that ran out, our own lease, or one reserved
+  for our task id; the loser gets no row back and attaches or stops;
+- `done` is written only while we hold the lease (zero rows: our lease ran out and someone took over);
+- a step needing no lease is inserted `done` once (ON CONFLICT DO NOTHING); the second writer adopts;
+- a failure is written over a `running` row only under our lease or one that ran out, never over `done`.
+"""
+
+import logging
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, connections
+from django.db.models.functions import Now
+
+from jobs.models import Job, Step, StepStatus
+from jobs.workflow import Later, Stop
+
+logger = logging.getLogger(__name__)
+
+RUNNING, DONE, FAILED = StepStatus.RUNNING.value, StepStatus.DONE.value, StepStatus.FAILED.value
+
+
+@dataclass
+class StepRow:
+    """What the runner needs of a `Step` row (read with plain SQL: this is the hot path of every job)."""
+
+    id: int
+    name: str
+    status: str
+    result: object = None
+    attempts: int = 1
+    lease_owner: str = ""
+    lease_until: datetime | None = None
+
+
+@dataclass
+class StepContext:
+    """One execution of a task on one job.
+
+    Leases name their holder. `owner` is this execution (the task id plus a nonce: two deliveries of one
+    message are two executions); `task_id` alone is what a step that backs off reserves its lease for,
+    so the task sent again after the pause takes it back; `chain` (the Celery root id, shared by every
+    link and re-send of one chain) holds a polling step's lease across polls and links.
+    """
+
+    job: Job
+    task_id: str
+    chain: str
+    owner: str = ""
+    rows: dict[str, StepRow] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.owner = self.owner or f"{self.task_id}#{uuid.uuid4().hex[:8]}"
+
+    @property
+    def run(self) -> int:
+        return self.job.run
+
+    def result(self, name: str, default=None):
+        row = self.rows.get(name)
+        return row.result if row is not None and row.status == DONE else default
+
+    def holders(self) -> tuple[str, str, str]:
+        """Every lease owner that is this execution: itself, its task id (a back-off's reservation), its chain."""
+        return self.owner, self.task_id, self.chain
+
+
+def _json(value):
+    return Step._meta.get_field("result").get_db_prep_save(value, connection)
+
+
+# --- claiming and holding a lease ------------------------------------------------------------------------
+
+
+_CLAIM_SQL = f"""
+INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at)
+VALUES (%(job)s, %(run)s, %(name)s, '{RUNNING}', NULL, 1, %(owner)s, now() + %(lease)s, now())
+ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
+   SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, attempts = jobs_step.attempts + 1
+ WHERE jobs_step.status = '{RUNNING}'
+   AND (jobs_step.lease_until < now() OR jobs_step.lease_owner IN (EXCLUDED.lease_owner, %(reserved)s))
+RETURNING id, attempts, lease_until
+"""
+
+
+def step_claim(ctx: StepContext, name: str, lease_s: float, *, owner: str | None = None) -> tuple[str, StepRow]:
+    """Claim the step's lease: the row is new, its lease ran out (a dead holder), it is ours, or it was
+    reserved for this task (sent again after a back-off). Returns ("claimed" | "done" | "failed" | "held", row).
+
+    The upsert's WHERE decides a race between two executions: Postgres serialises them on the row, the
+    second re-evaluates the WHERE against the first's lease and gets no row back.
+    """
+    owner = owner or ctx.owner
+    params = {"job": ctx.job.id, "run": ctx.run, "name": name, "owner": owner, "reserved": ctx.task_id,
+              "lease": timedelta(seconds=lease_s)}
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, params)
+        claimed = cursor.fetchone()
+    if claimed is not None:
+        row = StepRow(claimed[0], name, RUNNING, None, claimed[1], owner, claimed[2])
+        ctx.rows[name] = row
+        return "claimed", row
+    row = step_reload(ctx, name)
+    if row.status == RUNNING:
+        return "held", row
+    return row.status, row
+
+
+def step_attach(ctx: StepContext, name: str) -> tuple[str, StepRow]:
+    """Another execution holds a live lease: wait for its result instead of doing the work again. If its
+    lease runs out meanwhile (its worker died), take the step over."""
+    deadline = time.monotonic() + settings.ATTACH_WAIT_S
+    state, row = "held", None
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        state, row = step_claim(ctx, name, settings.STEP_LEASE_S)
+        if state != "held":
+            break
+    return state, row
+
+
+@contextmanager
+def step_heartbeat(step_id: int, owner: str, lease_s: float):
+    """Renew the lease every third of its length while the work runs, from a thread of its own. Yields an
+    Event that is set if the lease was lost (another execution took the step over)."""
+    stop, lost = threading.Event(), threading.Event()
+
+    def beat():
+        try:
+            while not stop.wait(lease_s / 3):
+                if not step_renew_lease(step_id, owner, lease_s):
+                    lost.set()
+                    return
+        except Exception:
+            logger.exception("heartbeat of step %s failed", step_id)
+        finally:
+            connections.close_all()  # this thread's connection goes back to the pool
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{step_id}", daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        thread.join()
+
+
+def step_renew_lease(step_id: int, owner: str, lease_s: float) -> bool:
+    """Push our lease out to now + lease_s; False if it is no longer ours."""
+    return bool(Step.objects.filter(id=step_id, lease_owner=owner, status=RUNNING).update(
+        lease_until=Now() + timedelta(seconds=lease_s)
+    ))
+
+
+def step_hold_for_retry(step_id: int, owner: str, reserve_for: str, hold_s: float) -> None:
+    """Keep the lease across a pause (so a duplicate attaches) but let it run out if the retry is lost.
+    An execution's lease is reserved for its task id (the same task, sent again after the pause, takes it
+    back); a chain's polling lease stays the chain's."""
+    Step.objects.filter(id=step_id, lease_owner=owner, status=RUNNING).update(
+        lease_owner=reserve_for, lease_until=Now() + timedelta(seconds=hold_s)
+    )
+
+
+# --- recording outcomes --------------------------------------------------------------------------------
+
+
+def step_mark_done(step_id: int, owner: str, result) -> bool:
+    """running -> done, only while we still hold the lease. Zero rows: another execution took over."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE jobs_step SET status = '{DONE}', result = %s, lease_until = NULL, finished_at = now()"
+            f" WHERE id = %s AND lease_owner = %s AND status = '{RUNNING}'",
+            [_json(result), step_id, owner],
+        )
+        return cursor.rowcount == 1
+
+
+_INSERT_DONE_SQL = f"""
+INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
+VALUES (%s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now())
+ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id
+"""
+
+
+def step_insert_done(ctx: StepContext, name: str, result) -> bool:
+    """A step that needed no lease, recorded done. False: another execution recorded it first."""
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_DONE_SQL, [ctx.job.id, ctx.run, name, _json(result), ctx.owner])
+        inserted = cursor.fetchone()
+    if inserted is None:
+        return False
+    ctx.rows[name] = StepRow(inserted[0], name, DONE, result, 1, ctx.owner)
+    return True
+
+
+_END_FAILED_SQL = f"""
+INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
+VALUES (%(job)s, %(run)s, %(name)s, '{FAILED}', %(result)s, 1, %(owner)s, NULL, now(), now())
+ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
+   SET status = '{FAILED}', result = EXCLUDED.result, lease_until = NULL, finished_at = now()
+ WHERE jobs_step.status = '{RUNNING}'
+   AND (jobs_step.lease_until < now() OR jobs_step.lease_owner IN (%(owner)s, %(task)s, %(chain)s))
+RETURNING id
+"""
+
+
+def step_end_failed(ctx: StepContext, name: str, result) -> bool:
+    """Record the step as failed: a new row, or a `running` one under this execution's lease (or a lease
+    that ran out). A step another execution holds, or one already done or failed, is left as it is (the
+    race a stale execution would otherwise win: overwriting a live holder's step, or a finished one).
+    False if nothing was written."""
+    with connection.cursor() as cursor:
+        cursor.execute(_END_FAILED_SQL, {"job": ctx.job.id, "run": ctx.run, "name": name, "result": _json(result),
+                                         "owner": ctx.owner, "task": ctx.task_id, "chain": ctx.chain})
+        return cursor.fetchone() is not None
+
+
+def step_reload(ctx: StepContext, name: str) -> StepRow:
+    step = Step.objects.get(job=ctx.job, run=ctx.run, name=name)
+    row = StepRow(step.id, name, step.status, step.result, step.attempts, step.lease_owner, step.lease_until)
+    ctx.rows[name] = row
+    return row
+
+
+def step_adopt(ctx: StepContext, name: str):
+    """Take the stored outcome of a step another execution recorded: None (done: go on), Stop (failed) or
+    Later (still running elsewhere)."""
+    row = step_reload(ctx, name)
+    if row.status == DONE:
+        return None
+    if row.status == FAILED:
+        return Stop(f"step {name} failed")
+    return Later(1.0)
