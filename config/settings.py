@@ -196,8 +196,10 @@ ATTACH_WAIT_S = env_float("ATTACH_WAIT_S", 10.0, minimum=0.0)
 # How long a store error that may pass (a network error, a 5xx, a full disk) is retried before the job
 # fails UPLOAD_FAILED; an error that cannot pass (a key the store cannot hold) fails it at once.
 STORE_RETRY_WINDOW_S = env_float("STORE_RETRY_WINDOW_S", 600.0, minimum=1.0)
-# How long a job may wait on an async provider before its attempt is given up (DESIGN.md, section 2).
-WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 50 * 60.0, minimum=1.0)
+# Every wait ends (DESIGN.md, section 9): the longest an accepted attempt is waited on when neither the
+# job's policy.window_s nor the provider sets a window. Past it the attempt is cancelled upstream where
+# the provider can and ends window_expired.
+WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 3600.0, minimum=1.0)
 
 # --- Celery --------------------------------------------------------------------------------------------
 # The broker is a doorbell: messages carry ids, Postgres holds the truth (DESIGN.md, "Stack").

@@ -1,5 +1,6 @@
 """Small SQL helpers the ORM does not offer: an INSERT that does nothing on conflict and says whether it
-inserted (the primitive under every "second call sees the first" guarantee)."""
+inserted (the primitive under every "second call sees the first" guarantee), and the name of the
+constraint an IntegrityError violated (so each caller catches its own constraint alone)."""
 
 from functools import lru_cache
 
@@ -35,3 +36,9 @@ def insert_ignore(instance, *, conflict: str | None = None) -> bool:
     setattr(instance, model._meta.pk.attname, row[0])
     instance._state.adding = False
     return True
+
+
+def violated_constraint(exc) -> str | None:
+    """The name of the constraint a django.db.IntegrityError violated (psycopg's diagnostics), or None."""
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)

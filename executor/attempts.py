@@ -13,54 +13,32 @@
 
 Each function here does one transition and returns, or raises StepRetry to be called again later: no
 call blocks a worker for a back-off. They run inside a step that holds a lease, so one execution at a
-time moves a job's attempts; the row updates are still conditional, so a second one changes nothing.
+time moves a job's attempts; every row change is still conditional on the state it expects, and a
+change that finds the row moved on (zero rows) re-reads it and acts on what it says: a stale execution
+changes nothing. The decisions themselves (tables, back-off, windows) are executor.policy's.
 """
 
 import base64
 import logging
-import random
 import time
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Sum
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from executor import services
-from executor.models import Attempt, AttemptState
+from config.sql import violated_constraint
+from executor import policy, services
+from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
 from executor.providers.base import ErrorClass, ProviderError
 from executor.registry import model_spec
 from jobs.outcomes import JobFailure, JobHold, StepRetry
+from jobs.selectors import job_is_cancelled
 
 logger = logging.getLogger(__name__)
-
-# What ends the chain at once, with the job's error code.
-STOP_CODES = {
-    ErrorClass.AUTH: "PROVIDER_AUTH",
-    ErrorClass.INVALID_INPUT: "INVALID_INPUT",
-    ErrorClass.CANCELLED: "CANCELLED",
-    ErrorClass.BUDGET_EXCEEDED: "BUDGET_EXCEEDED",
-    "pre_submit_refused": "PRE_SUBMIT_REFUSED",
-    "upload_failed": "UPLOAD_FAILED",
-}
-RETRY_SAME_MODEL = {ErrorClass.RATE_LIMITED, ErrorClass.TIMEOUT, ErrorClass.SERVER_ERROR, ErrorClass.NETWORK,
-                    ErrorClass.REFUSED}
-# Why the chain moves on to the next model (the job's policy.fallback_on), and the code when it cannot.
-MOVE_ON = {
-    ErrorClass.RATE_LIMITED: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.TIMEOUT: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.SERVER_ERROR: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.NETWORK: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.REFUSED: ("refused", "PROVIDER_REFUSED"),
-    ErrorClass.UNAVAILABLE: ("unavailable", "PROVIDER_UNAVAILABLE"),
-    ErrorClass.WINDOW_EXPIRED: ("window_expired", "WINDOW_EXPIRED"),
-}
-BACKOFF_BASE_S = 1.0
-BACKOFF_MAX_S = 60.0
-RETRY_AFTER_MAX_S = 300.0
 
 
 class SubmitRefused(Exception):
@@ -89,7 +67,7 @@ def submit(job) -> dict:
         if countdown > 0:
             raise StepRetry(f"next attempt on {model} after a back-off", countdown=countdown)
         current = _intend(job, model)
-        _send(job, current)  # the row in hand now says what the provider answered
+        _send(job, current)  # the row in hand now says what the record says (our answer, or another's)
 
 
 # --- the wait step: until the accepted attempt is done ---------------------------------------------------
@@ -97,7 +75,11 @@ def submit(job) -> dict:
 
 def wait(job) -> dict | None:
     """Poll the current attempt. None while it runs; its output once it succeeded. An attempt that
-    failed upstream is a definite end: the runner submits the next one (same rules as `submit`)."""
+    failed upstream is a definite end: the runner submits the next one (same rules as `submit`).
+
+    Every wait ends (DESIGN.md, section 9): an accepted attempt is waited on for its window (the job's
+    policy.window_s or the provider's own limit, else WAIT_DEADLINE_S), then given up as window_expired.
+    Polls that fail back off, inside the same deadline."""
     current = _latest(job)
     if current is None or current.state != AttemptState.RUNNING:
         if current is not None and current.state == AttemptState.SUCCEEDED:
@@ -105,7 +87,10 @@ def wait(job) -> dict | None:
         submit(job)  # a failed or unresolved attempt: get the next one going (or end the run)
         return None
     spec = model_spec(current.model_name)
-    window = _window(job, spec)
+    window = policy.attempt_window_s(policy_window_s=job.policy.get("window_s"),
+                                     provider_window_s=spec.capabilities.window_s,
+                                     deadline_s=settings.WAIT_DEADLINE_S)
+    waited = (timezone.now() - current.accepted_at).total_seconds()
     telemetry = {}
     if current.request.get("answered_succeeded") and current.request.get("output_url"):
         result_status, output_url, error, error_class = "succeeded", current.request["output_url"], None, None
@@ -113,26 +98,39 @@ def wait(job) -> dict | None:
         try:
             polled = services.provider(spec).poll(spec.model, current.upstream_id)
         except ProviderError as exc:
-            raise StepRetry(f"poll failed ({exc.kind}: {exc.message})", countdown=settings.POLL_INTERVAL_S) from exc
+            if waited > window:
+                return _expire(job, current, spec, window)
+            errors = current.poll_errors + 1
+            _update(current, expect=AttemptState.RUNNING, poll_errors=errors)
+            countdown = policy.poll_retry_s(errors, poll_interval_s=settings.POLL_INTERVAL_S, left_s=window - waited)
+            raise StepRetry(f"poll failed ({exc.kind}: {exc.message})", countdown=countdown) from exc
         result_status, output_url, error, error_class = polled.status, polled.output_url, polled.error, polled.error_class
         telemetry = _telemetry(current, polled.cost_usd, polled.usage)
+        if current.poll_errors:
+            telemetry["poll_errors"] = 0
         if telemetry and result_status == "running":
-            _update(current, **telemetry)
+            _update(current, expect=AttemptState.RUNNING, **telemetry)
     if result_status == "succeeded":
-        _end(current, AttemptState.SUCCEEDED, output_url=output_url, **telemetry)
+        if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, output_url=output_url, **telemetry):
+            return None  # ended meanwhile (a cancel): the next pass reads what the record says
         return _finished(current)
     if result_status == "running":
-        if window is not None and (timezone.now() - current.accepted_at).total_seconds() > window:
-            # The provider may bill the whole run: no retry of this model, only the next one if allowed.
-            services.cancel_upstream(spec, current.upstream_id)
-            _end(current, AttemptState.FAILED, error_class=ErrorClass.WINDOW_EXPIRED,
-                 error=f"no result within the attempt's window of {window:g} s")
-            submit(job)
-        return None
+        return _expire(job, current, spec, window) if waited > window else None
     # Accepted, then failed (or cancelled) upstream: a definite end; the number grows.
-    _end(current, AttemptState.FAILED, error_class=error_class or ErrorClass.SERVER_ERROR,
+    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class=error_class or ErrorClass.SERVER_ERROR,
          error=error or f"the render ended {result_status} upstream",
-         retry_at=timezone.now() + timedelta(seconds=_backoff(current.sends, None)), **telemetry)
+         retry_at=timezone.now() + timedelta(seconds=policy.retry_backoff_s(current.sends, None)), **telemetry)
+    submit(job)
+    return None
+
+
+def _expire(job, current: Attempt, spec, window: float) -> None:
+    """Past the attempt's window: cancel upstream where the provider can and end it `window_expired`.
+    The provider may bill the whole run, so the same model is not tried again; the next one is, if the
+    policy allows (else the job fails WINDOW_EXPIRED)."""
+    services.cancel_upstream(spec, current.upstream_id)
+    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class=ErrorClass.WINDOW_EXPIRED,
+         error=f"no result within the attempt's window of {window:g} s")
     submit(job)
     return None
 
@@ -147,8 +145,8 @@ def cancel_current(job) -> None:
     if current.upstream_id:
         services.cancel_upstream(model_spec(current.model_name), current.upstream_id)
     # Conditional on `running`: a poll that saw the render finish at the same moment keeps its success.
-    _end(current, AttemptState.FAILED, error_class=ErrorClass.CANCELLED, error="the job was cancelled",
-         expect=AttemptState.RUNNING)
+    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class=ErrorClass.CANCELLED,
+         error="the job was cancelled")
 
 
 # --- decisions -----------------------------------------------------------------------------------------
@@ -159,44 +157,22 @@ def _latest(job) -> Attempt | None:
 
 
 def _next_model(job, last: Attempt | None) -> tuple[str, float]:
-    """The model of the next attempt and how long to wait first (DESIGN.md's attempt-runner table)."""
-    chain = job.model_chain
+    """The model of the next attempt and how long to wait first (executor.policy decides)."""
     if last is None:
-        return chain[0], 0.0
-    cls = last.error_class or ErrorClass.SERVER_ERROR
-    if cls in STOP_CODES:
-        raise JobFailure(STOP_CODES[cls], last.error or cls, attempt=last.number)
-    policy = job.policy
+        return job.model_chain[0], 0.0
     tries = (
         Attempt.objects.filter(job=job, run=job.run, provider=last.provider, model=last.model)
         .aggregate(n=Sum("sends"))["n"] or 0
     )
-    if cls in RETRY_SAME_MODEL and tries < policy.get("attempts_per_model", 3):
-        countdown = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
-        return last.model_name, max(countdown, 0.0)
-    reason, code = MOVE_ON.get(cls, ("exhausted", "ATTEMPTS_EXHAUSTED"))
-    position = chain.index(last.model_name) if last.model_name in chain else len(chain)
-    if reason in policy.get("fallback_on", []) and position + 1 < len(chain):
-        return chain[position + 1], 0.0
-    raise JobFailure(code, last.error or cls, attempt=last.number, model=last.model_name)
-
-
-def _cancelled(job) -> bool:
-    from jobs.models import Job, JobStatus
-
-    return Job.objects.filter(id=job.id, status=JobStatus.CANCELLED).exists()
-
-
-def _backoff(tries: int, retry_after: float | None) -> float:
-    """Exponential with jitter; a provider's Retry-After wins (within bounds)."""
-    if retry_after is not None:
-        return min(retry_after, RETRY_AFTER_MAX_S)
-    return min(BACKOFF_BASE_S * 2 ** max(tries - 1, 0), BACKOFF_MAX_S) * random.uniform(0.8, 1.2)
-
-
-def _window(job, spec) -> float | None:
-    windows = [w for w in (job.policy.get("window_s"), spec.capabilities.window_s) if w]
-    return min(windows) if windows else None
+    retry_in = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
+    decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
+                                   error_class=last.error_class, tries_on_model=tries, retry_in_s=retry_in)
+    if isinstance(decided, policy.Over):
+        details = {"attempt": last.number}
+        if decided.code not in policy.STOP_CODES.values():
+            details["model"] = last.model_name
+        raise JobFailure(decided.code, last.error or last.error_class or ErrorClass.SERVER_ERROR, **details)
+    return decided.model, decided.wait_s
 
 
 # --- the calls ---------------------------------------------------------------------------------------
@@ -204,10 +180,21 @@ def _window(job, spec) -> float | None:
 
 def _intend(job, model_name: str) -> Attempt:
     """Commit the attempt as `submitting`, with its key and the exact request, before anything is sent.
-    The number is the job's next (across runs and models). Two executions deciding to pay at once race
-    on (job, provider, number): the loser's INSERT fails, it sends nothing and comes back later."""
+
+    1. The number is the job's next (across runs and models): its upstream key is payonce-{job}-{n}.
+    2. The INSERT commits in a transaction of its own, here, before the call. It refuses to run inside
+       an outer transaction: one rolled back after the call went out would leave spend with no record
+       (the provider charged; the intent, and with it the key, vanished). Billing's reservation will
+       join this same transaction.
+    3. Two executions deciding to pay at once race on the named constraints attempt_job_number (the same
+       number) and attempt_one_out_per_run (this run has an attempt out already): the loser sends
+       nothing and comes back later. Any other integrity error is a bug, and is raised.
+    """
+    if connection.in_atomic_block:
+        raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
+                           "whose rollback after the call would lose the record of the spend")
     spec = model_spec(model_name)
-    number = (Attempt.objects.filter(job=job).aggregate(n=Max("number"))["n"] or 0) + 1
+    number = _next_number(job)
     key = upstream_key(job, number)
     params = {name: value for name, value in job.input.items() if name not in ("prompt", "references")}
     request = {
@@ -216,12 +203,21 @@ def _intend(job, model_name: str) -> Attempt:
         "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key},
     }
     try:
-        return Attempt.objects.create(
-            job=job, run=job.run, number=number, provider=spec.provider, model=spec.model, upstream_key=key,
-            request=request, sends=1, submitted_at=timezone.now(),
-        )
-    except IntegrityError:  # autocommit: the failed INSERT leaves no transaction to clean up
-        raise StepRetry("another execution took this attempt number", countdown=1.0) from None
+        with transaction.atomic():
+            return Attempt.objects.create(
+                job=job, run=job.run, number=number, provider=spec.provider, model=spec.model, upstream_key=key,
+                request=request, sends=1, submitted_at=timezone.now(),
+            )
+    except IntegrityError as exc:
+        constraint = violated_constraint(exc)
+        if constraint not in (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT):
+            raise
+        raise StepRetry(f"another execution is paying for this run ({constraint})", countdown=1.0) from None
+
+
+def _next_number(job) -> int:
+    """The job's next attempt number, across runs and models (read here, claimed by the INSERT)."""
+    return (Attempt.objects.filter(job=job).aggregate(n=Max("number"))["n"] or 0) + 1
 
 
 def _send(job, attempt: Attempt) -> None:
@@ -231,11 +227,13 @@ def _send(job, attempt: Attempt) -> None:
         for path in settings.PRE_SUBMIT_CHECKS:
             import_string(path)(job, attempt.request)
     except SubmitRefused as refusal:
-        _end(attempt, AttemptState.FAILED, error_class="pre_submit_refused", error=str(refusal))
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class="pre_submit_refused",
+             error=str(refusal))
         return
-    if _cancelled(job):
+    if job_is_cancelled(job.id):
         # Seen between deciding and spending: an API cancel is final.
-        _end(attempt, AttemptState.FAILED, error_class=ErrorClass.CANCELLED, error="the job was cancelled")
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class=ErrorClass.CANCELLED,
+             error="the job was cancelled")
         raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
     try:
         # A send of an attempt that went out before reuses what it referred to: the same key must carry
@@ -243,20 +241,23 @@ def _send(job, attempt: Attempt) -> None:
         inputs = attempt.request.get("inputs")
         if inputs is None:
             inputs = _upload_inputs(job, spec)
-            if inputs:
-                _update(attempt, request={**attempt.request, "inputs": inputs})
+            if inputs and not _update(attempt, expect=AttemptState.SUBMITTING,
+                                      request={**attempt.request, "inputs": inputs}):
+                return  # resolved by another execution meanwhile: send nothing
     except ProviderError as exc:
         if exc.outcome_unknown or exc.kind == ErrorClass.RATE_LIMITED:
             # Uploads cost nothing: the next pass uploads again under the same attempt.
             _release_send(attempt)
             raise StepRetry(f"input upload failed ({exc.kind}: {exc.message})") from exc
-        _end(attempt, AttemptState.FAILED, error_class="upload_failed", error=exc.message)
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class="upload_failed",
+             error=exc.message)
         return
     except StepRetry:  # a reference could not be read for now: nothing was sent, so this send does not count
         _release_send(attempt)
         raise
     except JobFailure as unreadable:  # a reference that cannot be read at all: nothing was sent
-        _end(attempt, AttemptState.FAILED, error_class=ErrorClass.INVALID_INPUT, error=unreadable.message)
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class=ErrorClass.INVALID_INPUT,
+             error=unreadable.message)
         return
     provider = services.provider(spec)
     started = time.monotonic()
@@ -276,6 +277,10 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
     absent attempt then goes out again only after a back-off (StepRetry)."""
     spec = model_spec(attempt.model_name)
     caps = spec.capabilities
+    if attempt.sends == 0:
+        # Nothing went out (its input upload failed before the call): nothing to resolve; send it.
+        _send_again(job, attempt, resend, "never sent")
+        return
     if caps.idempotency_key:
         # The same key again: the provider returns the work it already has, or makes the one that never
         # arrived. Exactly one is paid.
@@ -286,7 +291,8 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
             found = services.provider(spec).lookup(
                 spec.model, upstream_key=attempt.upstream_key, metadata=attempt.request["metadata"],
                 prompt=attempt.request["prompt"], params=attempt.request["params"],
-                submitted_at=attempt.submitted_at.timestamp(), inputs=attempt.request.get("inputs") or [],
+                submitted_at=(attempt.submitted_at or attempt.created_at).timestamp(),
+                inputs=attempt.request.get("inputs") or [],
             )
         except ProviderError as exc:
             raise StepRetry(f"lookup failed ({exc.kind}: {exc.message})") from exc
@@ -294,6 +300,15 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
             logger.info("attempt %s: found upstream as %s, adopted", attempt.upstream_key, found.upstream_id)
             _answered_accepted(attempt, found, None)
             return
+        # Not found. That proves the send absent only once it can no longer land: its answer came (a
+        # 5xx), or it went out longer ago than a send may take. Before that, a send held in flight (a
+        # slow provider, a worker killed mid-call) may still be accepted, and charged, after this
+        # lookup: a resend now would pay for the same work twice.
+        in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
+        since_s = (timezone.now() - attempt.submitted_at).total_seconds() if attempt.submitted_at else in_flight_s
+        if attempt.last_status is None and since_s < in_flight_s:
+            raise StepRetry(f"not found upstream yet; its last send may still land for {in_flight_s - since_s:.0f} s",
+                            countdown=min(max(in_flight_s - since_s, 0.5), 5.0))
         # Proven absent: nothing was accepted, so nothing was paid. Send it (again) under the same key.
         _send_again(job, attempt, resend, f"not accepted after {attempt.sends} sends")
         return
@@ -304,13 +319,14 @@ def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
     """The same request under the same key once more: at once, or (resend=False) after a back-off. An
     attempt that has gone out attempts_per_model times without an answer is given up (failed), and the
     runner decides what comes next."""
-    if attempt.sends >= job.policy.get("attempts_per_model", 3):
-        _end(attempt, AttemptState.FAILED, error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
+    if attempt.sends >= job.policy.get("attempts_per_model", policy.DEFAULT_ATTEMPTS_PER_MODEL):
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING,
+             error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
              error=f"{given_up}: {attempt.error or ''}".strip(": "))
         return
     if not resend:
         raise StepRetry(f"submit outcome unknown ({attempt.error_class}); the same key goes out again",
-                        countdown=_backoff(attempt.sends, None))
+                        countdown=policy.retry_backoff_s(attempt.sends, None))
     if not _claim_send(attempt):
         raise StepRetry("another execution is resending this attempt", countdown=1.0)
     _send(job, attempt)
@@ -318,8 +334,9 @@ def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
 
 def _uncertain(job, attempt: Attempt, spec) -> None:
     """Neither key nor lookup: nothing can tell whether the provider has (and charged for) the work."""
-    _end(attempt, AttemptState.UNCERTAIN, error_class=attempt.error_class,
-         error=attempt.error or "the outcome of the submit is unknown")
+    if not _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, error_class=attempt.error_class,
+                error=attempt.error or "the outcome of the submit is unknown"):
+        return  # resolved by another execution meanwhile: the caller reads what it decided
     if spec.capabilities.resubmit_uncertain:
         return  # a cheap call: the rule decides to pay again, under the next number
     raise JobHold(
@@ -339,20 +356,23 @@ def _answered_accepted(attempt: Attempt, submission, started: float | None) -> N
     if submission.status == "succeeded" and submission.output_url:
         # The provider answered the submit with the finished work: no poll needed for it.
         fields["request"] = {**attempt.request, "answered_succeeded": True, "output_url": submission.output_url}
-    _update(attempt, **fields)
+    if not _update(attempt, expect=AttemptState.SUBMITTING, **fields):
+        logger.warning("attempt %s: accepted as %s, but another execution had resolved it first (%s)",
+                       attempt.upstream_key, submission.upstream_id, attempt.state)
 
 
 def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: float) -> None:
     if exc.outcome_unknown:
-        # Record what happened, keep the attempt `submitting`: resolve it by capability (a keyed or a
-        # proven-absent attempt goes out again under the same key, after a back-off).
-        _update(attempt, error_class=exc.kind, error=exc.message)
-        _resolve(job, attempt, resend=False)
+        # Record what happened, and whether the provider answered at all (`last_status`); keep the
+        # attempt `submitting`: resolve it by capability (a keyed or a proven-absent attempt goes out
+        # again under the same key, after a back-off).
+        if _update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
+                   last_status=exc.status):
+            _resolve(job, attempt, resend=False)
         return
-    tries = attempt.sends
-    retry_at = timezone.now() + timedelta(seconds=_backoff(tries, exc.retry_after))
-    _end(attempt, AttemptState.FAILED, error_class=exc.kind, error=exc.message, retry_at=retry_at,
-         duration_ms=int((time.monotonic() - started) * 1000))
+    retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(attempt.sends, exc.retry_after))
+    _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
+         retry_at=retry_at, last_status=exc.status, duration_ms=int((time.monotonic() - started) * 1000))
 
 
 def _upload_inputs(job, spec) -> list[str]:
@@ -374,18 +394,18 @@ def _upload_inputs(job, spec) -> list[str]:
 # --- row changes -------------------------------------------------------------------------------------
 
 
-def _update(attempt: Attempt, *, expect: str | None = None, **fields) -> bool:
-    rows = Attempt.objects.filter(id=attempt.id)
-    if expect is not None:
-        rows = rows.filter(state=expect)
-    if not rows.update(**fields):
-        return False  # another execution moved the attempt on first: this one changes nothing
+def _update(attempt: Attempt, *, expect: str, **fields) -> bool:
+    """Change the attempt only if it is still in the state `expect`. Zero rows: another execution moved
+    it on first; this one changes nothing, re-reads the row, and its caller acts on what it says."""
+    if not Attempt.objects.filter(id=attempt.id, state=expect).update(**fields):
+        attempt.refresh_from_db()
+        return False
     for name, value in fields.items():
         setattr(attempt, name, value)
     return True
 
 
-def _end(attempt: Attempt, state: str, *, output_url: str | None = None, **fields) -> bool:
+def _end(attempt: Attempt, state: str, *, expect: str, output_url: str | None = None, **fields) -> bool:
     now = timezone.now()
     fields.setdefault("finished_at", now)
     if "duration_ms" not in fields:
@@ -393,23 +413,24 @@ def _end(attempt: Attempt, state: str, *, output_url: str | None = None, **field
         fields["duration_ms"] = int((now - begun).total_seconds() * 1000)
     if output_url:
         fields["request"] = {**attempt.request, "output_url": output_url}
-    return _update(attempt, state=state, **fields)
+    return _update(attempt, expect=expect, state=state, **fields)
 
 
 def _claim_send(attempt: Attempt) -> bool:
     """The right to send this attempt's request once more: a conditional bump of `sends`, so two
-    executions resolving the same attempt never both send it."""
+    executions resolving the same attempt never both send it. The new send has no answer yet."""
     claimed = Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, sends=attempt.sends).update(
-        sends=attempt.sends + 1, submitted_at=timezone.now()
+        sends=attempt.sends + 1, submitted_at=timezone.now(), last_status=None
     )
     if claimed:
-        attempt.sends += 1
+        attempt.sends, attempt.last_status = attempt.sends + 1, None
     return bool(claimed)
 
 
 def _release_send(attempt: Attempt) -> None:
     """A send that never left (its input upload failed): it does not count."""
-    Attempt.objects.filter(id=attempt.id, sends=attempt.sends).update(sends=max(attempt.sends - 1, 0))
+    Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, sends=attempt.sends).update(
+        sends=max(attempt.sends - 1, 0))
     attempt.sends = max(attempt.sends - 1, 0)
 
 

@@ -1,7 +1,12 @@
 """The executor's record of money spent: one `Attempt` row per attempt, written as it happens."""
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+
+# The names the attempt runner catches (executor.attempts._intend): each is a race it loses on purpose.
+ATTEMPT_NUMBER_CONSTRAINT = "attempt_job_number"
+ONE_OUT_PER_RUN_CONSTRAINT = "attempt_one_out_per_run"
 
 
 class AttemptState(models.TextChoices):
@@ -32,6 +37,11 @@ class Attempt(models.Model):
     # What goes out (prompt, params, metadata): kept so a resend is byte-for-byte the same request.
     request = models.JSONField(default=dict)
     sends = models.PositiveIntegerField(default=0)
+    # The HTTP status the provider answered the latest send with; null while it is out, or when no
+    # answer came (a transport error, a crash): a send with no answer may still land.
+    last_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Polls of the accepted attempt that failed in a row (they back off inside the attempt's deadline).
+    poll_errors = models.PositiveIntegerField(default=0)
     usage = models.JSONField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     cost_source = models.CharField(max_length=16, null=True, blank=True)  # quoted, derived or local
@@ -45,10 +55,17 @@ class Attempt(models.Model):
 
     class Meta:
         constraints = [
-            # One attempt per number: two executions deciding to pay again race on this key, one wins.
-            models.UniqueConstraint(fields=["job", "provider", "number"], name="attempt_job_provider_number"),
+            # One attempt per number, whatever the provider: the number is the upstream key
+            # payonce-{job}-{n}, so two attempts with one number would be two decisions to pay under one
+            # key. Two executions deciding to pay at once race on it; the loser sends nothing.
+            models.UniqueConstraint(fields=["job", "number"], name=ATTEMPT_NUMBER_CONSTRAINT),
+            # At most one attempt of a run out at a time (submitting or running): a second execution that
+            # decided to pay while the first one's attempt is out loses here, before it sends anything.
+            models.UniqueConstraint(
+                fields=["job", "run"], name=ONE_OUT_PER_RUN_CONSTRAINT,
+                condition=Q(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING]),
+            ),
         ]
-        indexes = [models.Index(fields=["job", "number"], name="attempt_job_number")]
         ordering = ["number"]
 
     def __str__(self):

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from executor.models import Attempt
 from executor.store import client_store
-from jobs import runner
+from jobs import runner, workflow
 from jobs.models import Job, Step
 from jobs.tasks import start_run
 from tests.conftest import media_body
@@ -99,6 +99,58 @@ def test_accept_then_drop_on_a_blind_model_holds_for_a_person_and_retry_pays_und
         f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
     assert [a["state"] for a in done["attempts"]] == ["uncertain", "succeeded"]
     assert len(assert_books_balance(ledger)) == 2  # a person decided to pay again
+
+
+def test_crash_after_accept_on_a_lookup_model_is_found_and_adopted_with_one_charge(jobs_worker, ledger, api):
+    ledger.faults([{"model": "image-lookup", "action": "crash_after_accept"}])  # charged, then the provider dies
+    job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
+
+    assert job["status"] == "succeeded", job
+    assert len(submits(ledger, job["id"])) == 1
+    [attempt] = attempts(job["id"])
+    assert (attempt.state, attempt.sends) == ("succeeded", 1)
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_crash_after_accept_on_a_blind_model_waits_for_a_person_with_one_charge(jobs_worker, ledger, api):
+    ledger.faults([{"model": "image-blind", "action": "crash_after_accept"}])
+    job = run_job(api, ledger, media_body(models=["sandbox/image-blind"]))
+    ledger.wait_healthy()  # the job holds at once; the provider is still coming back up
+
+    assert job["status"] == "waiting" and job["error"]["code"] == "UNCERTAIN_SUBMIT", job
+    assert len(submits(ledger, job["id"])) == 1  # never a silent second
+    assert [a["state"] for a in job["attempts"]] == ["uncertain"]
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_lookup_model_proven_absent_is_sent_again_under_the_same_key_and_paid_once(jobs_worker, ledger, api):
+    # A 503 is an answer: nothing of that send is still on its way, so "not found" proves it absent.
+    ledger.faults([{"model": "image-lookup", "action": "status_503"}])
+    job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
+
+    assert job["status"] == "succeeded", job
+    sent = submits(ledger, job["id"])
+    assert [c["status"] for c in sent] == [503, 202]
+    assert {c["metadata"]["upstream_key"] for c in sent} == {f"payonce-{job['id']}-1"}
+    kinds = [c["kind"] for c in ledger.calls() if c["kind"] in ("submit", "lookup")]
+    assert kinds[0] == kinds[-1] == "submit" and set(kinds[1:-1]) == {"lookup"}  # looked up before paying again
+    [attempt] = attempts(job["id"])
+    assert (attempt.number, attempt.sends, attempt.state) == (1, 2, "succeeded")
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_render_paid_then_failed_upstream_is_recorded_with_its_cost_and_the_next_goes_out_under_key_2(
+        jobs_worker, ledger, api):
+    ledger.faults([{"model": "video-keyed", "action": "fail_render", "message": "the render crashed"}])
+    job = run_job(api, ledger, media_body())
+
+    assert job["status"] == "succeeded", job
+    first, second = job["attempts"]
+    assert (first["state"], first["error_class"], first["cost_usd"]) == ("failed", "server_error", "0.400000")
+    assert "the render crashed" in first["error"]
+    assert (second["upstream_key"], second["state"]) == (f"payonce-{job['id']}-2", "succeeded")
+    assert job["cost"]["total_usd"] == "0.800000"
+    assert len(assert_books_balance(ledger)) == 2  # both renders were paid, and both are on the record
 
 
 # --- definite answers ----------------------------------------------------------------------------------
@@ -222,7 +274,7 @@ def test_a_key_the_store_cannot_hold_ends_the_job_upload_failed_before_anything_
 
     outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="t")
 
-    assert outcome == runner.Stop("failed: UPLOAD_FAILED")
+    assert outcome == workflow.Stop("failed: UPLOAD_FAILED")
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "UPLOAD_FAILED"
     assert ledger.calls() == [] and attempts(job.id) == []
@@ -261,7 +313,7 @@ def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settin
 
     outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="t")
 
-    assert outcome == runner.Stop("failed: PRE_SUBMIT_REFUSED")
+    assert outcome == workflow.Stop("failed: PRE_SUBMIT_REFUSED")
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "PRE_SUBMIT_REFUSED"
     assert "alice example" in job.error["message"].lower()

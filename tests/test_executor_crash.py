@@ -1,6 +1,9 @@
-"""The worker dies while an attempt is out (intent committed, the provider's answer not yet back): after
-a restart the same upstream key goes out again and the provider charges once. Real processes: web,
-worker and beat as the Procfile starts them, on a broker of their own, and the sandbox."""
+"""The worker dies while an attempt is out (intent committed, the provider's answer not yet back: the
+sandbox holds the submit with a `delay` fault), and is restarted. What recovery does is the provider's
+capability: a keyed model gets the same key again and charges once; a lookup model is found by its
+metadata and adopted, never sent again; a blind model waits for a person, with one charge and never a
+silent second. Real processes: web, worker and beat as the Procfile starts them, on a broker of their
+own, and the sandbox."""
 
 import time
 
@@ -8,45 +11,57 @@ import pytest
 import requests
 
 from executor.models import Attempt
-from jobs.models import Job
+from jobs.models import Job, Step
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
 from tests.support.procs import Stack
+from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
 def stack(transactional_db, ledger):  # stopped before the database is flushed
-    processes = Stack("redis://127.0.0.1:6379/10")
+    # A send may take PROVIDER_CONNECT_TIMEOUT_S + PROVIDER_READ_TIMEOUT_S: how long a lookup must wait
+    # before "not found" proves a send absent (kept short here).
+    processes = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1)
     try:
         yield processes.start()
     finally:
         processes.stop()
 
 
-def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(stack, ledger):
-    ledger.faults([{"model": "video-keyed", "action": "delay", "seconds": 3}])  # hold the submit out
+def kill_while_submitting(stack, ledger, model: str) -> str:
+    """POST a job on `model` whose submit the sandbox holds for 3 s; SIGKILL the worker while it is out
+    (the intent committed, the answer not back) and start it again. Returns the job id once it ended."""
+    ledger.faults([{"model": model.split("/")[1], "action": "delay", "seconds": 3}])  # hold the submit out
     credentials = client_create(name="crash")
     response = requests.post(
         f"{stack.url}/v1/jobs", timeout=10,
-        json={"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "killed", "render_s": 1}},
+        json={"kind": "media", "models": [model], "input": {"prompt": "killed", "render_s": 1}},
         headers={"Authorization": f"Bearer {credentials['api_key']}", "Idempotency-Key": "kill-1"},
     )
     job_id = response.json()["id"]
     deadline = time.monotonic() + 15
-    while not Attempt.objects.filter(job_id=job_id, state="submitting").exists():
-        assert time.monotonic() < deadline, "the attempt never reached submitting"
-        time.sleep(0.05)
+    while not [c for c in ledger.calls() if c["kind"] == "submit"]:
+        assert time.monotonic() < deadline, "the submit never reached the provider"
+        time.sleep(0.02)
+    assert Attempt.objects.get(job_id=job_id).state == "submitting"
 
     stack["worker"].kill()  # while the submit is out: the intent is committed, the answer is not back
-    time.sleep(0.5)
     stack["worker"].start()
 
     deadline = time.monotonic() + 60
     while Job.objects.get(id=job_id).status not in ("succeeded", "failed", "waiting", "cancelled"):
         assert time.monotonic() < deadline, "the job did not end after the restart"
         time.sleep(0.2)
+    # The restarted worker took the submit step over from the dead one.
+    assert Step.objects.get(job_id=job_id, name="submit").attempts >= 2
+    return job_id
+
+
+def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(stack, ledger):
+    job_id = kill_while_submitting(stack, ledger, "sandbox/video-keyed")
     assert Job.objects.get(id=job_id).status == "succeeded"
     sent = [c for c in ledger.calls() if c["kind"] == "submit"]
     assert len(sent) >= 2  # it went out again after the restart ...
@@ -55,3 +70,30 @@ def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(stack
     assert len(charges) == 1
     [attempt] = Attempt.objects.filter(job_id=job_id)
     assert (attempt.number, attempt.state) == (1, "succeeded") and attempt.sends >= 2
+
+
+def test_a_lookup_model_killed_while_submitting_is_found_and_adopted_with_one_charge(stack, ledger):
+    job_id = kill_while_submitting(stack, ledger, "sandbox/image-lookup")
+
+    assert Job.objects.get(id=job_id).status == "succeeded"
+    assert len([c for c in ledger.calls() if c["kind"] == "submit"]) == 1  # never sent again: found
+    assert [c for c in ledger.calls() if c["kind"] == "lookup"]
+    [attempt] = Attempt.objects.filter(job_id=job_id)
+    assert (attempt.number, attempt.state, attempt.sends) == (1, "succeeded", 1)
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charge(stack, ledger):
+    job_id = kill_while_submitting(stack, ledger, "sandbox/image-blind")
+
+    job = Job.objects.get(id=job_id)
+    assert job.status == "waiting" and job.error["code"] == "UNCERTAIN_SUBMIT"
+    deadline = time.monotonic() + 10
+    while not ledger.ledger()["charges"]:  # the held submit lands after the kill: the provider charged it
+        assert time.monotonic() < deadline, "the held submit never landed"
+        time.sleep(0.1)
+    assert len([c for c in ledger.calls() if c["kind"] == "submit"]) == 1  # never a silent second
+    [attempt] = Attempt.objects.filter(job_id=job_id)
+    assert attempt.state == "uncertain"
+    assert list(Delivery.objects.filter(job_id=job_id).values_list("event", flat=True)) == ["generation.needs_review"]
+    assert len(assert_books_balance(ledger)) == 1

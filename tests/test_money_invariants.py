@@ -1,0 +1,227 @@
+"""The money path's invariants, each in the schema or in one conditional statement, each with a test that
+fails without it (real PostgreSQL, the sandbox over HTTP, the executor driven in-process):
+
+- attempt_job_number: one attempt per number, whatever the provider (the upstream key's uniqueness);
+- attempt_one_out_per_run: at most one attempt of a run out (submitting or running) at a time;
+- the intent commits on its own, before the call, and refuses to run inside an outer transaction;
+- every attempt state change is conditional on the state it expects: a stale execution changes nothing;
+- a step's failure is written over a running step only under this execution's lease;
+- every wait ends: WAIT_DEADLINE_S, and polls that fail back off inside it.
+"""
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from config.sql import violated_constraint
+from executor import attempts
+from executor.models import Attempt, AttemptState
+from executor.providers.base import Submission
+from jobs import runner, workflow
+from jobs.models import Job, Step
+from jobs.outcomes import StepRetry
+from jobs.steps import StepContext, step_end_failed
+from tests.conftest import media_body
+from tests.support.books import assert_books_balance
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def new_job(api, *, models=("sandbox/video-keyed",), render_s: float = 0, policy=None) -> Job:
+    """A job row as the API writes it, not enqueued: these tests drive its steps themselves."""
+    body = media_body(models=list(models), input={"prompt": "an invariant", "render_s": render_s})
+    job_id = uuid.uuid4()
+    return Job.objects.create(
+        id=job_id, client_id=api.client_id, idempotency_key=f"k-{job_id}", request_hash="0" * 64, kind="media",
+        model_chain=body["models"], input=body["input"],
+        policy=policy or {"attempts_per_model": 3, "fallback_on": []}, output_key=f"outputs/{job_id}/o.mp4",
+        metadata={}, lease_until=timezone.now() + timedelta(minutes=10),
+    )
+
+
+def attempt_row(job, number: int, state=AttemptState.FAILED, provider="sandbox", model="video-keyed") -> Attempt:
+    return Attempt.objects.create(job=job, run=job.run, number=number, provider=provider, model=model,
+                                  upstream_key=f"payonce-{job.id}-{number}", state=state, sends=1)
+
+
+# --- attempt_job_number ------------------------------------------------------------------------------------
+
+
+def test_two_attempts_with_one_number_are_refused_whatever_their_provider(api):
+    job = new_job(api)
+    attempt_row(job, 1, provider="sandbox", model="video-keyed")
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        attempt_row(job, 1, provider="replicate", model="owner/name")
+    assert violated_constraint(refused.value) == "attempt_job_number"
+
+
+def test_two_executions_deciding_on_one_number_send_once(api, ledger, monkeypatch):
+    job = new_job(api)
+    attempt_row(job, 1)  # a definite end; both executions decide to pay again, and read the same number
+    monkeypatch.setattr(attempts, "_next_number", lambda job: 1)  # the second one, after the first inserted
+    with pytest.raises(StepRetry, match="attempt_job_number"):
+        attempts._intend(job, "sandbox/video-keyed")
+    assert Attempt.objects.filter(job=job).count() == 1 and ledger.calls() == []
+
+
+# --- attempt_one_out_per_run -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", [AttemptState.SUBMITTING, AttemptState.RUNNING])
+def test_a_second_attempt_of_a_run_is_refused_while_one_is_out(api, ledger, state):
+    job = new_job(api)
+    attempt_row(job, 1, state=state)
+    with pytest.raises(StepRetry, match="attempt_one_out_per_run"):
+        attempts._intend(job, "sandbox/video-keyed")
+    assert list(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1]
+    assert ledger.calls() == []
+
+
+def test_the_limit_is_one_out_per_run(api):
+    job = new_job(api)
+    attempt_row(job, 1, state=AttemptState.RUNNING)  # run 1's attempt, still out
+    Job.objects.filter(id=job.id).update(run=2)
+    job.refresh_from_db()
+    attempt_row(job, 2, state=AttemptState.RUNNING)  # run 2 may have its own
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        attempt_row(job, 3, state=AttemptState.SUBMITTING)  # but only one
+    assert violated_constraint(refused.value) == "attempt_one_out_per_run"
+
+
+# --- intent before spend ---------------------------------------------------------------------------------
+
+
+def test_the_intent_refuses_to_run_inside_an_outer_transaction(api, ledger):
+    job = new_job(api)
+    with pytest.raises(RuntimeError, match="not inside a transaction"), transaction.atomic():
+        attempts._intend(job, "sandbox/video-keyed")
+    assert Attempt.objects.filter(job=job).count() == 0 and ledger.calls() == []
+
+
+def test_the_intent_is_committed_when_the_provider_receives_the_call(api, ledger):
+    job = new_job(api)
+    ledger.faults([{"model": "video-keyed", "action": "delay", "seconds": 2}])  # hold the call at the provider
+    outcome = {}
+
+    def pay():
+        try:
+            outcome["result"] = attempts.submit(job)
+        finally:
+            connections.close_all()
+
+    payer = threading.Thread(target=pay)
+    payer.start()
+    deadline = time.monotonic() + 10
+    while not [c for c in ledger.calls() if c["kind"] == "submit"]:
+        assert time.monotonic() < deadline, "the submit never reached the provider"
+        time.sleep(0.02)
+    # The call is at the provider, its answer not yet back: this connection sees the committed intent.
+    [seen] = Attempt.objects.filter(job=job)
+    assert (seen.state, seen.upstream_key, seen.sends) == ("submitting", f"payonce-{job.id}-1", 1)
+    payer.join(timeout=15)
+    assert outcome["result"]["upstream_key"] == f"payonce-{job.id}-1"
+    assert len(assert_books_balance(ledger)) == 1
+
+
+# --- conditional state changes ------------------------------------------------------------------------------
+
+
+def test_a_stale_execution_changes_nothing(api, ledger):
+    job = new_job(api)
+    fresh = attempt_row(job, 1, state=AttemptState.SUBMITTING)
+    stale = Attempt.objects.get(id=fresh.id)
+    # The fresh execution resolved the attempt: uncertain, a person decides.
+    assert attempts._end(fresh, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, error="unknown")
+    # The stale one, still holding `submitting`, records an acceptance it thinks it saw: nothing changes,
+    # and it re-reads what the record says.
+    attempts._answered_accepted(stale, Submission(upstream_id="gen_stale", status="running"), None)
+    row = Attempt.objects.get(id=fresh.id)
+    assert (row.state, row.upstream_id, row.accepted_at) == ("uncertain", "", None)
+    assert stale.state == "uncertain"
+
+
+def test_a_cancel_that_loses_to_a_success_leaves_the_success(api, ledger):
+    job = new_job(api)
+    fresh = attempt_row(job, 1, state=AttemptState.RUNNING)
+    stale = Attempt.objects.get(id=fresh.id)
+    assert attempts._end(fresh, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING)
+    assert not attempts._end(stale, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class="cancelled")
+    assert Attempt.objects.get(id=fresh.id).state == "succeeded"
+
+
+# --- a step's failure respects the lease -------------------------------------------------------------------
+
+
+def test_a_failure_is_never_written_over_a_step_another_execution_holds_or_finished(api):
+    job = new_job(api)
+    held = Step.objects.create(job=job, run=1, name="submit", status="running", lease_owner="other#1",
+                               lease_until=timezone.now() + timedelta(seconds=30))
+    done = Step.objects.create(job=job, run=1, name="check_output", status="done", result={"exists": False},
+                               lease_owner="other#1")
+    stale = StepContext(job=job, task_id="mine", chain="my-chain")
+
+    assert not step_end_failed(stale, "submit", {"error": "stale"})
+    assert not step_end_failed(stale, "check_output", {"error": "stale"})
+    held.refresh_from_db()
+    done.refresh_from_db()
+    assert (held.status, held.lease_owner, held.result) == ("running", "other#1", None)
+    assert (done.status, done.result) == ("done", {"exists": False})
+    # Once the other execution's lease ran out (its worker died), the failure is recorded.
+    Step.objects.filter(id=held.id).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert step_end_failed(stale, "submit", {"error": "taken over"})
+    assert Step.objects.get(id=held.id).status == "failed"
+
+
+# --- every wait ends ---------------------------------------------------------------------------------------
+
+
+def drive(job, stage: str, chain: str = "chain-1") -> list:
+    """Run a stage as its task would, following Later until it settles; returns every outcome."""
+    outcomes = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain=chain)
+        outcomes.append(outcome)
+        if not isinstance(outcome, workflow.Later):
+            return outcomes
+        time.sleep(min(outcome.countdown, 5))
+    raise AssertionError(f"stage {stage} did not settle: {outcomes[-3:]}")
+
+
+def test_a_render_that_never_finishes_ends_at_the_wait_deadline(api, ledger, settings):
+    settings.WAIT_DEADLINE_S = 1.5  # neither the job nor the sandbox sets a window
+    job = new_job(api, render_s=600)
+    assert drive(job, "prepare")[-1] == workflow.Continue()
+
+    outcomes = drive(job, "wait")
+
+    assert outcomes[-1] == workflow.Stop("failed: WINDOW_EXPIRED")
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error["code"] == "WINDOW_EXPIRED"
+    [attempt] = Attempt.objects.filter(job=job)
+    assert (attempt.state, attempt.error_class) == ("failed", "window_expired")
+    assert "1.5 s" in attempt.error and attempt.duration_ms >= 1500
+    assert [c["kind"] for c in ledger.calls() if c["kind"] == "cancel"] == ["cancel"]  # stopped upstream
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(api, ledger, settings):
+    settings.WAIT_DEADLINE_S = 6
+    job = new_job(api, render_s=600)
+    assert drive(job, "prepare")[-1] == workflow.Continue()
+    ledger.faults([{"model": "video-keyed", "action": "status_503", "on": "poll", "times": 50}])
+
+    outcomes = drive(job, "wait")
+
+    waits = [o.countdown for o in outcomes if isinstance(o, workflow.Later)]
+    assert outcomes[-1] == workflow.Stop("failed: WINDOW_EXPIRED")
+    assert len(waits) >= 3 and waits[1] > waits[0] and waits[2] > waits[1]  # backing off, not hammering
+    polls = [c for c in ledger.calls() if c["kind"] == "poll"]
+    assert 3 <= len(polls) <= 7  # 0.5, ~1, ~2, ~4 s: a handful within 6 s, not one per poll interval
+    assert Attempt.objects.get(job=job).error_class == "window_expired"
+    assert len(assert_books_balance(ledger)) == 1
