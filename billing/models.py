@@ -1,2 +1,133 @@
-"""Billing owns the rate card, the cost of an attempt, budget reservations, orders and spend (DESIGN.md,
-section 6). Its tables arrive with the billing issue; until then the executor's budget step is a no-op."""
+"""Billing owns the rate card's overrides, the budget of each client month and every reservation against
+it (DESIGN.md, section 6). The cost of each attempt is the executor's record (executor.Attempt); billing
+prices it and keeps the money it may still cost reserved until it is known.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+BUDGET_MONTH_CONSTRAINT = "budget_client_month"
+RESERVATION_KEY_CONSTRAINT = "reservation_key"
+
+
+class PriceUnit(models.TextChoices):
+    RENDER = "render"
+    IMAGE = "image"
+    SECOND = "second"
+
+
+class ModelPrice(models.Model):
+    """An override of the rate card in code (billing.rates), edited in the admin: one row per
+    `provider/model`. Token prices are dollars per million tokens; media is priced per unit."""
+
+    model = models.CharField(max_length=200, unique=True, help_text="provider/model, e.g. openai/gpt-4.1-mini")
+    free = models.BooleanField(default=False, help_text="A model that costs nothing (a local server): priced 0.")
+    input_per_mtok_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    output_per_mtok_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    cache_write_per_mtok_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    cache_read_per_mtok_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    per_unit_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    unit = models.CharField(max_length=16, choices=PriceUnit.choices, blank=True, default="")
+    note = models.CharField(max_length=300, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(input_per_mtok_usd__isnull=True) | Q(input_per_mtok_usd__gte=0))
+                & (Q(output_per_mtok_usd__isnull=True) | Q(output_per_mtok_usd__gte=0))
+                & (Q(cache_write_per_mtok_usd__isnull=True) | Q(cache_write_per_mtok_usd__gte=0))
+                & (Q(cache_read_per_mtok_usd__isnull=True) | Q(cache_read_per_mtok_usd__gte=0))
+                & (Q(per_unit_usd__isnull=True) | Q(per_unit_usd__gte=0)),
+                name="model_price_not_negative",
+            ),
+        ]
+        verbose_name = "rate card override"
+
+    def __str__(self):
+        return self.model
+
+
+class BudgetMonth(models.Model):
+    """A client's UTC calendar month: what was spent and what is reserved. The invariant the guard keeps
+    is `spent + reserved <= cap` (the client's monthly_cap_usd, else BUDGET_MONTHLY_CAP_USD).
+
+    The counters are conservative between folds: a reservation that was settled or released keeps its
+    whole amount in `reserved` until it is folded (billing.services.fold), when its actual cost moves to
+    `spent`. So `spent + reserved` here is never less than the truth, and the truth (what GET /v1/spend
+    shows) is these counters plus the unfolded reservations (billing.selectors.month_totals)."""
+
+    client = models.ForeignKey("jobs.Client", on_delete=models.PROTECT, related_name="budget_months")
+    month = models.DateField(help_text="The first day of the UTC month.")
+    spent = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    reserved = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [
+            # One row per client month: the row every reservation of that month locks (billing.services).
+            models.UniqueConstraint(fields=["client", "month"], name=BUDGET_MONTH_CONSTRAINT),
+            models.CheckConstraint(condition=Q(spent__gte=0) & Q(reserved__gte=0), name="budget_not_negative"),
+        ]
+        ordering = ["-month"]
+
+    def __str__(self):
+        return f"{self.client_id} {self.month:%Y-%m}"
+
+
+class ReservationKind(models.TextChoices):
+    ATTEMPT = "attempt"  # one paid call, keyed by its upstream key
+    FANOUT = "fanout"  # the pre-flight of parallel units: a pool they draw from
+
+
+class ReservationState(models.TextChoices):
+    HELD = "held"  # counted in `reserved`
+    SETTLED = "settled"  # moved to `spent` (its actual cost, or all of it when nobody could price it)
+    RELEASED = "released"  # given back: the provider did not charge, or a pool's remainder
+
+
+class Reservation(models.Model):
+    """Money held against a client month until it is known. Settled or released exactly once: every
+    change is conditional on `held`."""
+
+    key = models.CharField(max_length=255)
+    # No foreign-key trigger on the hot path: every reservation takes its budget_id from the month row the
+    # same statement locked and returned (billing.services), so it cannot name a month that is not there.
+    budget = models.ForeignKey(BudgetMonth, on_delete=models.PROTECT, related_name="reservations",
+                               db_constraint=False)
+    # No constraint and no index on the job: a reservation is money on the record and outlives whatever
+    # happens to the job's row, and its hot path (reserve, settle) pays for neither (bench/budget.py).
+    job = models.ForeignKey("jobs.Job", on_delete=models.DO_NOTHING, related_name="reservations",
+                            db_constraint=False, db_index=False)
+    kind = models.CharField(max_length=16, choices=ReservationKind.choices, default=ReservationKind.ATTEMPT)
+    model = models.CharField(max_length=200, blank=True, default="")
+    # Held: what is reserved now (a pool's shrinks as its units draw). Settled or released: what was.
+    amount = models.DecimalField(max_digits=12, decimal_places=6)
+    state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.HELD)
+    # What moved to `spent` when it settled; `unpriced`: nobody could price it, so all of it moved.
+    spent = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    unpriced = models.BooleanField(default=False)
+    # A unit's reservation drawn from its fan-out's pool (nothing more was reserved for it).
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="draws",
+                               db_index=False)
+    # Settled or released, and its money moved into the month's counters (BudgetMonth's docstring).
+    folded = models.BooleanField(default=False, db_default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One reservation per attempt (its upstream key) or per fan-out: reserving again reserves nothing.
+            models.UniqueConstraint(fields=["key"], name=RESERVATION_KEY_CONSTRAINT),
+            models.CheckConstraint(condition=Q(amount__gte=0), name="reservation_not_negative"),
+        ]
+        indexes = [
+            # What a fold reads: the month's reservations not folded yet (those in flight, and those
+            # resolved since the last fold: few, whatever the month's size). Its predicate is `folded`
+            # alone, so settling or releasing (which changes `state`, no indexed column) is a HOT update
+            # of the row (the table keeps room on its pages: migration 0002).
+            models.Index(fields=["budget"], name="reservation_unfolded", condition=Q(folded=False)),
+        ]
+
+    def __str__(self):
+        return f"{self.key} {self.amount} ({self.state})"

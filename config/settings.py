@@ -85,6 +85,10 @@ if env_bool("DB_POOL", True):
     }
 else:
     _database["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
+# Server-side binding: parameters travel apart from the SQL, and psycopg prepares a statement the fifth
+# time a connection runs it, so PostgreSQL plans each hot statement once per connection, not per call.
+if env_bool("DB_SERVER_SIDE_BINDING", False):
+    _database["OPTIONS"]["server_side_binding"] = True
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -257,4 +261,6 @@ CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "jobs.sweep", "schedule": SWEEP_INTERVAL_S, "options": {"expires": SWEEP_INTERVAL_S}},
     "drain-deliveries": {"task": "webhooks.drain", "schedule": WEBHOOK_DRAIN_INTERVAL_S,
                          "options": {"expires": WEBHOOK_DRAIN_INTERVAL_S}},
+    # Settled and released reservations moved into their months' counters (billing.services, step 4).
+    "fold-budgets": {"task": "billing.fold", "schedule": SWEEP_INTERVAL_S, "options": {"expires": SWEEP_INTERVAL_S}},
 }

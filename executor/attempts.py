@@ -30,6 +30,8 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from billing import rates as rate_card
+from billing import services as billing
 from config.sql import violated_constraint
 from executor import policy, services
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
@@ -111,13 +113,13 @@ def wait(job) -> dict | None:
         if telemetry and result_status == "running":
             _update(current, expect=AttemptState.RUNNING, **telemetry)
     if result_status == "succeeded":
-        if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, output_url=output_url, **telemetry):
+        if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=SETTLE, output_url=output_url, **telemetry):
             return None  # ended meanwhile (a cancel): the next pass reads what the record says
         return _finished(current)
     if result_status == "running":
         return _expire(job, current, spec, window) if waited > window else None
     # Accepted, then failed (or cancelled) upstream: a definite end; the number grows.
-    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class=error_class or ErrorClass.SERVER_ERROR,
+    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, money=SETTLE, error_class=error_class or ErrorClass.SERVER_ERROR,
          error=error or f"the render ended {result_status} upstream",
          retry_at=timezone.now() + timedelta(seconds=policy.retry_backoff_s(current.sends, None)), **telemetry)
     submit(job)
@@ -129,7 +131,7 @@ def _expire(job, current: Attempt, spec, window: float) -> None:
     The provider may bill the whole run, so the same model is not tried again; the next one is, if the
     policy allows (else the job fails WINDOW_EXPIRED)."""
     services.cancel_upstream(spec, current.upstream_id)
-    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class=ErrorClass.WINDOW_EXPIRED,
+    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, money=SETTLE, error_class=ErrorClass.WINDOW_EXPIRED,
          error=f"no result within the attempt's window of {window:g} s")
     submit(job)
     return None
@@ -145,15 +147,56 @@ def cancel_current(job) -> None:
     if current.upstream_id:
         services.cancel_upstream(model_spec(current.model_name), current.upstream_id)
     # Conditional on `running`: a poll that saw the render finish at the same moment keeps its success.
-    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class=ErrorClass.CANCELLED,
+    _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, money=SETTLE, error_class=ErrorClass.CANCELLED,
          error="the job was cancelled")
+
+
+# --- a paid LLM call ------------------------------------------------------------------------------------
+
+
+def complete(job, *, step: str, model_name: str, system: str, messages: list[dict], max_tokens: int,
+             pool: str | None = None) -> dict:
+    """One paid LLM call as one attempt of `step`: the intent with its worst case reserved (or drawn from
+    a fan-out's `pool`), the call, then the attempt ended with its usage and derived cost, and its
+    reservation settled or released in the same transaction. Returns {"text", "attempt", "cost_usd"};
+    raises JobFailure when the call failed (its money decided either way)."""
+    spec = model_spec(model_name)
+    worst = rate_card.worst_case(model_name, max_tokens=max_tokens,
+                                 input_tokens=rate_card.input_tokens_bound(system, messages))
+    attempt = _intend(job, model_name, step=step, worst_case=worst, pool=pool,
+                      request_extra={"system": system, "messages": messages, "max_tokens": max_tokens})
+    started = time.monotonic()
+    try:
+        completion = services.provider(spec).complete(
+            spec.model, system=system, messages=messages, max_tokens=max_tokens,
+            upstream_key=attempt.upstream_key, metadata=attempt.request["metadata"])
+    except ProviderError as exc:
+        elapsed = int((time.monotonic() - started) * 1000)
+        paid = getattr(exc, "usage", None)  # a 200 that refused: paid for, priced from its usage
+        if exc.outcome_unknown:
+            # It may have been paid: the reservation stays as spent (unpriced) with the attempt uncertain.
+            _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=HOLD,
+                 error_class=exc.kind, error=exc.message, last_status=exc.status, duration_ms=elapsed)
+            billing.settle(key=attempt.upstream_key, cost=None)
+        else:
+            _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=SETTLE if paid else RELEASE,
+                 error_class=exc.kind, error=exc.message, last_status=exc.status, duration_ms=elapsed,
+                 usage=paid.as_dict() if paid else None)
+        raise JobFailure(policy.STOP_CODES.get(exc.kind, "ATTEMPTS_EXHAUSTED"), exc.message,
+                         attempt=attempt.number) from exc
+    usage = completion.usage.as_dict()
+    _end(attempt, AttemptState.SUCCEEDED, expect=AttemptState.SUBMITTING, money=SETTLE, usage=usage,
+         upstream_id=completion.upstream_id or "", accepted_at=timezone.now(),
+         duration_ms=int((time.monotonic() - started) * 1000))
+    return {"text": completion.text, "attempt": attempt.number,
+            "cost_usd": str(attempt.cost_usd) if attempt.cost_usd is not None else None}
 
 
 # --- decisions -----------------------------------------------------------------------------------------
 
 
 def _latest(job) -> Attempt | None:
-    return Attempt.objects.filter(job=job, run=job.run).order_by("-number").first()
+    return Attempt.objects.filter(job=job, run=job.run, step="submit").order_by("-number").first()
 
 
 def _next_model(job, last: Attempt | None) -> tuple[str, float]:
@@ -178,17 +221,34 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
 # --- the calls ---------------------------------------------------------------------------------------
 
 
-def _intend(job, model_name: str) -> Attempt:
+# The intent, inserted only if its reservation fit (billing.services.reserve_then runs it after the
+# reservation, in the same statement: `reserved` is that reservation).
+_INTENT_SQL = f"""
+INSERT INTO executor_attempt (job_id, run, step, number, provider, model, upstream_key, upstream_id, state,
+                              request, sends, poll_errors, created_at, submitted_at)
+SELECT %(a_job)s, %(a_run)s, %(a_step)s, %(a_number)s, %(a_provider)s, %(a_model)s, %(a_key)s, '',
+       '{AttemptState.SUBMITTING}', %(a_request)s, 1, 0, %(a_now)s, %(a_now)s
+  FROM reserved
+RETURNING id
+"""
+
+
+def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal | None = None,
+            pool: str | None = None, request_extra: dict | None = None) -> Attempt:
     """Commit the attempt as `submitting`, with its key and the exact request, before anything is sent.
 
     1. The number is the job's next (across runs and models): its upstream key is payonce-{job}-{n}.
-    2. The INSERT commits in a transaction of its own, here, before the call. It refuses to run inside
-       an outer transaction: one rolled back after the call went out would leave spend with no record
-       (the provider charged; the intent, and with it the key, vanished). Billing's reservation will
-       join this same transaction.
-    3. Two executions deciding to pay at once race on the named constraints attempt_job_number (the same
-       number) and attempt_one_out_per_run (this run has an attempt out already): the loser sends
-       nothing and comes back later. Any other integrity error is a bug, and is raised.
+    2. The worst case of the call (the rate card's; the penalty tier for a model it does not know) is
+       reserved against the client's month, or drawn from a fan-out's `pool`, in the same statement as
+       the INSERT (billing.services.reserve_then): one statement, so one transaction of its own,
+       committed here, before the call, with intent and reservation together or not at all. Refused:
+       nothing is written, nothing is sent, and the job fails BUDGET_EXCEEDED.
+    3. It refuses to run inside an outer transaction: one rolled back after the call went out would
+       leave spend with no record (the provider charged; the intent, its key and its reservation gone).
+    4. Two executions deciding to pay at once race on the named constraints attempt_job_number (the same
+       number) and attempt_one_out_per_run (this step has an attempt out already): the loser's statement
+       fails whole (its reservation too), it sends nothing and comes back later. Any other integrity
+       error is a bug, and is raised.
     """
     if connection.in_atomic_block:
         raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
@@ -201,18 +261,27 @@ def _intend(job, model_name: str) -> Attempt:
         "prompt": job.input.get("prompt", ""),
         "params": params,
         "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key},
+        **(request_extra or {}),
     }
+    worst = worst_case if worst_case is not None else rate_card.worst_case(model_name)
+    now = timezone.now()
+    intent = {"a_job": job.id, "a_run": job.run, "a_step": step, "a_number": number, "a_provider": spec.provider,
+              "a_model": spec.model, "a_key": key, "a_now": now,
+              "a_request": Attempt._meta.get_field("request").get_db_prep_save(request, connection)}
     try:
-        with transaction.atomic():
-            return Attempt.objects.create(
-                job=job, run=job.run, number=number, provider=spec.provider, model=spec.model, upstream_key=key,
-                request=request, sends=1, submitted_at=timezone.now(),
-            )
+        rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
+                                    model=model_name, amount=worst, pool=pool)
     except IntegrityError as exc:
         constraint = violated_constraint(exc)
         if constraint not in (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT):
             raise
         raise StepRetry(f"another execution is paying for this run ({constraint})", countdown=1.0) from None
+    if rows is None:
+        raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not fit "
+                         "under this month's budget; nothing was sent.", model=model_name, worst_case_usd=str(worst))
+    return Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
+                   model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
+                   request=request, sends=1, poll_errors=0, created_at=now, submitted_at=now)
 
 
 def _next_number(job) -> int:
@@ -227,12 +296,12 @@ def _send(job, attempt: Attempt) -> None:
         for path in settings.PRE_SUBMIT_CHECKS:
             import_string(path)(job, attempt.request)
     except SubmitRefused as refusal:
-        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class="pre_submit_refused",
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class="pre_submit_refused",
              error=str(refusal))
         return
     if job_is_cancelled(job.id):
         # Seen between deciding and spending: an API cancel is final.
-        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class=ErrorClass.CANCELLED,
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=ErrorClass.CANCELLED,
              error="the job was cancelled")
         raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
     try:
@@ -249,14 +318,14 @@ def _send(job, attempt: Attempt) -> None:
             # Uploads cost nothing: the next pass uploads again under the same attempt.
             _release_send(attempt)
             raise StepRetry(f"input upload failed ({exc.kind}: {exc.message})") from exc
-        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class="upload_failed",
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class="upload_failed",
              error=exc.message)
         return
     except StepRetry:  # a reference could not be read for now: nothing was sent, so this send does not count
         _release_send(attempt)
         raise
     except JobFailure as unreadable:  # a reference that cannot be read at all: nothing was sent
-        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class=ErrorClass.INVALID_INPUT,
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=ErrorClass.INVALID_INPUT,
              error=unreadable.message)
         return
     provider = services.provider(spec)
@@ -320,7 +389,7 @@ def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
     attempt that has gone out attempts_per_model times without an answer is given up (failed), and the
     runner decides what comes next."""
     if attempt.sends >= job.policy.get("attempts_per_model", policy.DEFAULT_ATTEMPTS_PER_MODEL):
-        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING,
+        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE,
              error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
              error=f"{given_up}: {attempt.error or ''}".strip(": "))
         return
@@ -334,11 +403,14 @@ def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
 
 def _uncertain(job, attempt: Attempt, spec) -> None:
     """Neither key nor lookup: nothing can tell whether the provider has (and charged for) the work."""
-    if not _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, error_class=attempt.error_class,
+    if not _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=HOLD, error_class=attempt.error_class,
                 error=attempt.error or "the outcome of the submit is unknown"):
         return  # resolved by another execution meanwhile: the caller reads what it decided
     if spec.capabilities.resubmit_uncertain:
-        return  # a cheap call: the rule decides to pay again, under the next number
+        # A cheap call: the rule decides to pay again, under the next number. The uncertain one may have
+        # been paid: its reservation stays as spent, unpriced.
+        billing.settle(key=attempt.upstream_key, cost=None)
+        return
     raise JobHold(
         "UNCERTAIN_SUBMIT",
         f"The submit of attempt {attempt.number} to {attempt.model_name} may or may not have been accepted "
@@ -371,7 +443,7 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
             _resolve(job, attempt, resend=False)
         return
     retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(attempt.sends, exc.retry_after))
-    _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
+    _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=exc.kind, error=exc.message,
          retry_at=retry_at, last_status=exc.status, duration_ms=int((time.monotonic() - started) * 1000))
 
 
@@ -405,7 +477,15 @@ def _update(attempt: Attempt, *, expect: str, **fields) -> bool:
     return True
 
 
-def _end(attempt: Attempt, state: str, *, expect: str, output_url: str | None = None, **fields) -> bool:
+SETTLE, RELEASE, HOLD = "settle", "release", "hold"
+
+
+def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: str | None = None,
+         **fields) -> bool:
+    """End the attempt and move its reservation in the same transaction (one commit): `settle` when the
+    provider took it (its actual cost, or all of the reservation when nobody could price it), `release`
+    when it definitely did not charge; `hold` keeps it (an outcome nobody knows waits for a person). The
+    reservation moves only if this execution ended the attempt."""
     now = timezone.now()
     fields.setdefault("finished_at", now)
     if "duration_ms" not in fields:
@@ -413,7 +493,20 @@ def _end(attempt: Attempt, state: str, *, expect: str, output_url: str | None = 
         fields["duration_ms"] = int((now - begun).total_seconds() * 1000)
     if output_url:
         fields["request"] = {**attempt.request, "output_url": output_url}
-    return _update(attempt, expect=expect, state=state, **fields)
+    if money == SETTLE and fields.get("cost_usd", attempt.cost_usd) is None:
+        # Nobody quoted it: derive it from the rate card (what it used, or its unit price); None stays
+        # unpriced, and the whole reservation is kept as spent.
+        derived = rate_card.cost_of(attempt.model_name, fields.get("usage", attempt.usage))
+        if derived is not None:
+            fields.update(cost_usd=derived, cost_source="derived")
+    with transaction.atomic():
+        if not _update(attempt, expect=expect, state=state, **fields):
+            return False
+        if money == SETTLE:
+            billing.settle(key=attempt.upstream_key, cost=attempt.cost_usd)
+        elif money == RELEASE:
+            billing.release(key=attempt.upstream_key)
+    return True
 
 
 def _claim_send(attempt: Attempt) -> bool:

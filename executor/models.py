@@ -26,6 +26,9 @@ class Attempt(models.Model):
 
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="attempts")
     run = models.PositiveIntegerField()
+    # The step of the run that owns the attempt: `submit` for a media render; a report's chapters each
+    # have their own, so they may each have an attempt out at once.
+    step = models.CharField(max_length=200, default="submit")
     number = models.PositiveIntegerField()
     provider = models.CharField(max_length=50)
     model = models.CharField(max_length=200)
@@ -59,10 +62,11 @@ class Attempt(models.Model):
             # payonce-{job}-{n}, so two attempts with one number would be two decisions to pay under one
             # key. Two executions deciding to pay at once race on it; the loser sends nothing.
             models.UniqueConstraint(fields=["job", "number"], name=ATTEMPT_NUMBER_CONSTRAINT),
-            # At most one attempt of a run out at a time (submitting or running): a second execution that
-            # decided to pay while the first one's attempt is out loses here, before it sends anything.
+            # At most one attempt of a run's step out at a time (submitting or running): a second
+            # execution that decided to pay while the first one's attempt is out loses here, before it
+            # sends anything.
             models.UniqueConstraint(
-                fields=["job", "run"], name=ONE_OUT_PER_RUN_CONSTRAINT,
+                fields=["job", "run", "step"], name=ONE_OUT_PER_RUN_CONSTRAINT,
                 condition=Q(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING]),
             ),
         ]

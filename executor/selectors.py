@@ -54,3 +54,10 @@ def public_attempts(rows: list[dict]) -> tuple[list[dict], dict]:
             row["cost_usd"] = str(cost)
         attempts.append(row)
     return attempts, {"total_usd": str(total.quantize(_SIX)), "unpriced_attempts": unpriced}
+
+
+def uncertain_upstream_keys(job_id) -> list[str]:
+    """The upstream keys of the job's attempts whose outcome nobody knows (a person decides about them)."""
+    from executor.models import Attempt
+
+    return list(Attempt.objects.filter(job_id=job_id, state=AttemptState.UNCERTAIN).values_list("upstream_key", flat=True))

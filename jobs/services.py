@@ -217,9 +217,12 @@ def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, er
 def job_cancel(*, job: Job) -> bool:
     """An API cancel: final. Only the writer that wins the conditional update queues the event, and the
     executor is told on commit so it can cancel upstream work (a dead worker is never a cancel)."""
-    won = job_finish(
-        job_id=job.id, status=JobStatus.CANCELLED, error={"code": "CANCELLED", "message": "Cancelled by the client."}
-    )
+    with transaction.atomic():
+        won = job_finish(
+            job_id=job.id, status=JobStatus.CANCELLED, error={"code": "CANCELLED", "message": "Cancelled by the client."}
+        )
+        if won:
+            _keep_uncertain_spend(job.id)
     if won:
         from jobs import tasks
 
@@ -255,9 +258,21 @@ def job_retry(*, job: Job) -> Job | None:
         )
         if not won:
             return None
+        _keep_uncertain_spend(job.id)
         job = Job.objects.get(id=job.id)
         job_enqueue_on_commit(job)
     return job
+
+
+def _keep_uncertain_spend(job_id) -> None:
+    """A person decided (a retry pays again; a cancel stops): attempts whose outcome nobody knows may have
+    been paid, so their reservations become spent, unpriced (DESIGN.md, section 6)."""
+    from billing.services import keep_as_spent
+    from executor.selectors import uncertain_upstream_keys
+
+    keys = uncertain_upstream_keys(job_id)
+    if keys:
+        keep_as_spent(keys=keys)
 
 
 def _enqueue_safely(enqueue, *args) -> None:

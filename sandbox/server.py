@@ -600,8 +600,9 @@ class Handler(BaseHTTPRequestHandler):
                 "content": [{"type": "text", "text": reply["text"]}],
                 "stop_reason": reply["stop_reason"],
                 "stop_sequence": None,
+                # Token usage only, like Anthropic's Messages API: the caller derives the cost from its
+                # rate card; the ledger charges the catalog's price.
                 "usage": {"input_tokens": reply["input_tokens"], "output_tokens": reply["output_tokens"]},
-                "cost_usd": charge["amount_usd"],
             },
         )
 

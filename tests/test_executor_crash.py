@@ -6,10 +6,13 @@ silent second. Real processes: web, worker and beat as the Procfile starts them,
 own, and the sandbox."""
 
 import time
+from decimal import Decimal
 
 import pytest
 import requests
 
+from billing.models import Reservation
+from billing.selectors import month_totals
 from executor.models import Attempt
 from jobs.models import Job, Step
 from jobs.services import client_create
@@ -60,9 +63,17 @@ def kill_while_submitting(stack, ledger, model: str) -> str:
     return job_id
 
 
+def reservation_of(job_id) -> tuple:
+    [reservation] = Reservation.objects.filter(job_id=job_id)
+    spent, reserved = month_totals(reservation.budget)
+    return reservation.state, reservation.spent, spent, reserved
+
+
 def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(stack, ledger):
     job_id = kill_while_submitting(stack, ledger, "sandbox/video-keyed")
     assert Job.objects.get(id=job_id).status == "succeeded"
+    # The dead worker's reservation was settled by the execution that resolved its attempt.
+    assert reservation_of(job_id) == ("settled", Decimal("0.40"), Decimal("0.40"), Decimal("0"))
     sent = [c for c in ledger.calls() if c["kind"] == "submit"]
     assert len(sent) >= 2  # it went out again after the restart ...
     assert {c["request_id"] for c in sent} == {f"payonce-{job_id}-1"}  # ... under the same key
@@ -81,6 +92,7 @@ def test_a_lookup_model_killed_while_submitting_is_found_and_adopted_with_one_ch
     [attempt] = Attempt.objects.filter(job_id=job_id)
     assert (attempt.number, attempt.state, attempt.sends) == (1, "succeeded", 1)
     assert len(assert_books_balance(ledger)) == 1
+    assert reservation_of(job_id) == ("settled", Decimal("0.04"), Decimal("0.04"), Decimal("0"))
 
 
 def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charge(stack, ledger):
@@ -97,3 +109,9 @@ def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charg
     assert attempt.state == "uncertain"
     assert list(Delivery.objects.filter(job_id=job_id).values_list("event", flat=True)) == ["generation.needs_review"]
     assert len(assert_books_balance(ledger)) == 1
+    # Held while nobody knows; a person's decision (here: cancel) keeps it as spent. Nothing stays reserved.
+    assert reservation_of(job_id) == ("held", None, Decimal("0"), Decimal("0.04"))
+    from jobs.services import job_cancel
+
+    assert job_cancel(job=Job.objects.get(id=job_id))
+    assert reservation_of(job_id) == ("settled", Decimal("0.04"), Decimal("0.04"), Decimal("0"))

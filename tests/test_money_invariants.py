@@ -136,7 +136,8 @@ def test_a_stale_execution_changes_nothing(api, ledger):
     fresh = attempt_row(job, 1, state=AttemptState.SUBMITTING)
     stale = Attempt.objects.get(id=fresh.id)
     # The fresh execution resolved the attempt: uncertain, a person decides.
-    assert attempts._end(fresh, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, error="unknown")
+    assert attempts._end(fresh, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=attempts.HOLD,
+                         error="unknown")
     # The stale one, still holding `submitting`, records an acceptance it thinks it saw: nothing changes,
     # and it re-reads what the record says.
     attempts._answered_accepted(stale, Submission(upstream_id="gen_stale", status="running"), None)
@@ -149,8 +150,9 @@ def test_a_cancel_that_loses_to_a_success_leaves_the_success(api, ledger):
     job = new_job(api)
     fresh = attempt_row(job, 1, state=AttemptState.RUNNING)
     stale = Attempt.objects.get(id=fresh.id)
-    assert attempts._end(fresh, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING)
-    assert not attempts._end(stale, AttemptState.FAILED, expect=AttemptState.RUNNING, error_class="cancelled")
+    assert attempts._end(fresh, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=attempts.SETTLE)
+    assert not attempts._end(stale, AttemptState.FAILED, expect=AttemptState.RUNNING, money=attempts.SETTLE,
+                             error_class="cancelled")
     assert Attempt.objects.get(id=fresh.id).state == "succeeded"
 
 

@@ -91,6 +91,5 @@ class SandboxProvider:
             text="".join(block.get("text", "") for block in data.get("content", []) if block.get("type") == "text"),
             stop_reason=data.get("stop_reason"),
             usage=Usage(input_tokens=usage.get("input_tokens", 0), output_tokens=usage.get("output_tokens", 0)),
-            cost_usd=data.get("cost_usd"),
-            raw=data,
+            raw=data,  # usage only: the cost is derived from the rate card (billing.rates)
         )

@@ -1,0 +1,235 @@
+"""The budget guard (DESIGN.md, section 6): reserve the worst case before a paid call, settle or release it
+exactly once when its money is known, and never let `spent + reserved` pass a client month's cap.
+
+1. Reserve rides the executor's intent: it must run inside the transaction that commits the attempt in
+   `submitting` (executor.attempts._intend), so intent and reservation exist together or not at all.
+2. One statement reserves: it creates or updates the client month's row, conditionally on
+   `spent + reserved + worst_case <= cap`, and inserts the reservation keyed by the upstream key. The
+   row lock that UPDATE takes serialises every reservation of one client month, across processes and
+   machines; the second one re-evaluates the condition on the first one's committed row (PostgreSQL's
+   READ COMMITTED re-check), so parallel calls can never all pass a check on a stale total.
+3. Settle and release are one statement each on the reservation's own row, conditional on it being
+   `held`: whoever resolves an attempt (its own execution, a redelivery, the sweeper's path after a
+   crash) moves its money once, and every later try changes nothing. They do not touch the month's row,
+   so they never queue behind the reservations of a busy month: until a fold, the month keeps their
+   whole amount in `reserved`, which can only make the check stricter, never looser.
+4. A fold moves resolved reservations into the month's counters (actual cost into `spent`, the amount out
+   of `reserved`), exactly once each (`folded`). It runs when a reservation does not fit (then the check
+   is tried again on the folded counters, in the same transaction) and periodically (beat).
+5. A fan-out reserves one pool up front (units remaining x the most one unit can cost); its units draw
+   from the pool, so none of them can be refused once the pre-flight passed; the join releases the rest.
+"""
+
+import logging
+from datetime import date, datetime, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from billing.models import (
+    BUDGET_MONTH_CONSTRAINT,
+    ReservationKind,
+    ReservationState,
+)
+
+logger = logging.getLogger(__name__)
+
+HELD, SETTLED, RELEASED = ReservationState.HELD.value, ReservationState.SETTLED.value, ReservationState.RELEASED.value
+ATTEMPT, FANOUT = ReservationKind.ATTEMPT.value, ReservationKind.FANOUT.value
+
+
+def month_of(at: datetime) -> date:
+    """The first day of `at`'s UTC calendar month."""
+    at = at.astimezone(dt_timezone.utc) if timezone.is_aware(at) else at
+    return date(at.year, at.month, 1)
+
+
+def next_month(month: date) -> date:
+    return (month.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+# The client's cap: its own, else BUDGET_MONTHLY_CAP_USD. Read in the same statement as the check.
+_CAP = "coalesce((SELECT monthly_cap_usd FROM jobs_client WHERE id = %(client)s), %(default_cap)s)"
+
+# Step 2: the month's row, conditionally, then the reservation; `reserved` has a row only if it fit.
+_RESERVE_CTE = f"""
+month AS (
+    INSERT INTO billing_budgetmonth (client_id, month, spent, reserved)
+    SELECT %(client)s, %(month)s, 0, %(amount)s WHERE %(amount)s <= {_CAP}
+    ON CONFLICT ON CONSTRAINT {BUDGET_MONTH_CONSTRAINT} DO UPDATE
+       SET reserved = billing_budgetmonth.reserved + EXCLUDED.reserved
+     WHERE billing_budgetmonth.spent + billing_budgetmonth.reserved + EXCLUDED.reserved <= {_CAP}
+    RETURNING id),
+reserved AS (
+    INSERT INTO billing_reservation (key, budget_id, job_id, kind, model, amount, state, unpriced, created_at)
+    SELECT %(key)s, month.id, %(job)s, %(kind)s, %(model)s, %(amount)s, '{HELD}', false, %(at)s FROM month
+    RETURNING id)
+"""
+
+# Step 5: a unit takes its reservation from its fan-out's pool; `reserved` has a row only if the pool had it.
+_DRAW_CTE = f"""
+pool AS (
+    UPDATE billing_reservation SET amount = amount - %(amount)s
+     WHERE key = %(pool)s AND kind = '{FANOUT}' AND state = '{HELD}' AND amount >= %(amount)s
+    RETURNING id, budget_id),
+reserved AS (
+    INSERT INTO billing_reservation (key, budget_id, job_id, kind, model, amount, state, unpriced, parent_id, created_at)
+    SELECT %(key)s, pool.budget_id, %(job)s, '{ATTEMPT}', %(model)s, %(amount)s, '{HELD}', false, pool.id, %(at)s
+      FROM pool
+    RETURNING id)
+"""
+
+_ONLY_THE_RESERVATION = "SELECT id FROM reserved"
+
+
+def reserve_then(statement: str = _ONLY_THE_RESERVATION, params: dict | None = None, *, client_id, job_id,
+                 key: str, model: str, amount: Decimal, at: datetime | None = None, kind: str = ATTEMPT,
+                 pool: str | None = None) -> list | None:
+    """Reserve `amount` against the client's month of `at` (now), or draw it from the fan-out `pool`, and
+    run `statement` in the same SQL statement, after the reservation. The statement reads the CTE
+    `reserved` (`INSERT ... SELECT ... FROM reserved`), so what it writes exists only if the reservation
+    fit: the executor's intent is that statement (one statement, one commit: intent and reservation
+    together or not at all, step 1). Returns the statement's rows, or None when nothing fits under the
+    cap. A check refused on conservative counters folds the month and is tried once more (step 4); a pool
+    that has not enough left (more tries than planned) falls back to a reservation of its own."""
+    at = at or timezone.now()
+    values = {**(params or {}), "client": client_id, "month": month_of(at), "amount": amount, "key": key,
+              "job": job_id, "kind": kind, "model": model, "at": at, "pool": pool,
+              "default_cap": settings.BUDGET_MONTHLY_CAP_USD}
+    with connection.cursor() as cursor:
+        if pool is not None:
+            cursor.execute(f"WITH {_DRAW_CTE} {statement}", values)
+            rows = cursor.fetchall()
+            if rows:
+                return rows
+        for last_try in (False, True):
+            cursor.execute(f"WITH {_RESERVE_CTE} {statement}", values)
+            rows = cursor.fetchall()
+            if rows:
+                return rows
+            if last_try or not fold(client_id=client_id, month=values["month"]):
+                return None  # nothing (more) to fold: the refusal stands
+
+
+def reserve(*, client_id, job_id, key: str, model: str, amount: Decimal, at: datetime | None = None,
+            kind: str = ATTEMPT) -> bool:
+    """A reservation on its own (a fan-out's pool, tests, the benchmark). False: it does not fit."""
+    return reserve_then(client_id=client_id, job_id=job_id, key=key, model=model, amount=amount, at=at,
+                        kind=kind) is not None
+
+
+_SETTLE_SQL = f"""
+UPDATE billing_reservation
+   SET state = '{SETTLED}', spent = coalesce(%(cost)s::numeric, amount), unpriced = (%(cost)s::numeric IS NULL),
+       resolved_at = now()
+ WHERE key = %(key)s AND state = '{HELD}'
+RETURNING id
+"""
+
+
+def settle(*, key: str, cost: Decimal | None) -> bool:
+    """The attempt's money is known: it is spent, at its actual cost, or at all of its reservation when
+    nobody could price it (cost None: never claim less than may have been paid). Exactly once: False if
+    it was not held (already settled or released, or never reserved). The month's counters take it at
+    the next fold."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SETTLE_SQL, {"key": key, "cost": cost})
+        return cursor.fetchone() is not None
+
+
+_RELEASE_SQL = f"""
+UPDATE billing_reservation SET state = '{RELEASED}', resolved_at = now()
+ WHERE key = %(key)s AND state = '{HELD}'
+RETURNING id
+"""
+
+
+def release(*, key: str) -> bool:
+    """The provider definitely did not charge (a refusal, a send proven absent, nothing sent), or a
+    pool's units are done: the reservation goes back (at the next fold). Exactly once."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RELEASE_SQL, {"key": key})
+        return cursor.fetchone() is not None
+
+
+_FOLD_SQL = f"""
+WITH folded AS (
+    UPDATE billing_reservation r SET folded = true
+     WHERE r.budget_id = (SELECT id FROM billing_budgetmonth WHERE client_id = %(client)s AND month = %(month)s)
+       AND NOT r.folded AND r.state <> '{HELD}'
+    RETURNING r.budget_id, r.amount, coalesce(r.spent, 0) AS spent),
+moved AS (SELECT budget_id, sum(amount) AS amount, sum(spent) AS spent FROM folded GROUP BY budget_id)
+UPDATE billing_budgetmonth b SET spent = b.spent + moved.spent, reserved = b.reserved - moved.amount
+  FROM moved WHERE b.id = moved.budget_id
+RETURNING b.id
+"""
+
+
+def fold(*, client_id, month: date) -> bool:
+    """Move the month's resolved reservations into its counters, each exactly once (the UPDATE marks
+    them folded in the same statement that moves their money). True if anything moved."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FOLD_SQL, {"client": client_id, "month": month})
+        return cursor.fetchone() is not None
+
+
+def fold_all() -> int:
+    """Fold every month that has resolved reservations left (beat): keeps the counters close to the truth
+    for whoever reads the rows. Returns how many months moved."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"""SELECT DISTINCT b.client_id, b.month FROM billing_reservation r
+                             JOIN billing_budgetmonth b ON b.id = r.budget_id
+                            WHERE NOT r.folded AND r.state <> '{HELD}'""")
+        months = cursor.fetchall()
+    return sum(fold(client_id=client_id, month=month) for client_id, month in months)
+
+
+_RESETTLE_SQL = f"""
+WITH old AS (
+    SELECT id, budget_id, spent, folded FROM billing_reservation
+     WHERE key = %(key)s AND state = '{SETTLED}' AND spent IS DISTINCT FROM %(cost)s
+       FOR UPDATE),
+corrected AS (
+    UPDATE billing_reservation r SET spent = %(cost)s, unpriced = false FROM old WHERE r.id = old.id
+    RETURNING old.budget_id, old.spent AS before, old.folded),
+moved AS (
+    UPDATE billing_budgetmonth b SET spent = b.spent - corrected.before + %(cost)s
+      FROM corrected WHERE b.id = corrected.budget_id AND corrected.folded
+    RETURNING b.id)
+SELECT count(*) FROM corrected
+"""
+
+
+def resettle(*, key: str, cost: Decimal) -> bool:
+    """A later report gave the cost of a settled attempt (one settled unpriced, at its whole reservation,
+    or at an older figure): the reservation takes it, and a month that already folded it moves by the
+    difference; once (a repeat of the same report finds nothing to change)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RESETTLE_SQL, {"key": key, "cost": cost})
+        return cursor.fetchone()[0] == 1
+
+
+def keep_as_spent(*, keys) -> int:
+    """A person decided about attempts whose outcome nobody knows (`uncertain`): they may have been paid,
+    so their reservations become spent, unpriced. Returns how many moved."""
+    return sum(settle(key=key, cost=None) for key in keys)
+
+
+def fanout_reserve(*, client_id, job_id, key: str, units: int, unit_worst_case: Decimal,
+                   at: datetime | None = None) -> bool:
+    """The pre-flight of a fan-out: one reservation of units x the most one unit can cost. False: it does
+    not fit, and no unit may start. A repeat (the stage delivered again) reserves nothing more."""
+    from billing.models import Reservation
+
+    if Reservation.objects.filter(key=key).exists():
+        return True
+    amount = unit_worst_case * units
+    return reserve(client_id=client_id, job_id=job_id, key=key, model="", amount=amount, at=at, kind=FANOUT)
+
+
+def fanout_release(*, key: str) -> bool:
+    """The fan-out joined: what its units did not draw goes back."""
+    return release(key=key)
