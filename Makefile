@@ -36,6 +36,7 @@ bench: migrate
 	$(BIN)/python bench/in_flight.py
 	$(BIN)/python bench/executor_overhead.py
 	$(BIN)/python bench/webhooks.py
+	$(BIN)/python bench/budget.py
 
 # schemathesis against /v1/schema on a stack of its own: no 5xx, every answer as the schema says.
 fuzz-api: migrate
