@@ -14,6 +14,8 @@ from billing.services import month_of
 from jobs.errors import InvalidRequest
 
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
+# What the schema says: YYYY-MM from 2000-01 on (parse_month checks the same).
+MONTH_PATTERN = r"^([2-9][0-9]{3})-(0[1-9]|1[0-2])$"
 _MONEY = serializers.CharField(help_text="USD as a decimal string with 6 places")
 
 _SPEND = inline_serializer("Spend", {
@@ -40,7 +42,7 @@ def parse_month(raw: str | None) -> date:
 class SpendView(APIView):
     @extend_schema(
         operation_id="spend",
-        parameters=[OpenApiParameter("month", {"type": "string", "pattern": r"^\d{4}-\d{2}$"},
+        parameters=[OpenApiParameter("month", {"type": "string", "pattern": MONTH_PATTERN},
                                      description="YYYY-MM (UTC); default: the current month")],
         responses={200: _SPEND, 401: _ERROR, 422: _ERROR},
     )
