@@ -499,12 +499,14 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
         derived = rate_card.cost_of(attempt.model_name, fields.get("usage", attempt.usage))
         if derived is not None:
             fields.update(cost_usd=derived, cost_source="derived")
+    if money == HOLD:
+        return _update(attempt, expect=expect, state=state, **fields)
     with transaction.atomic():
         if not _update(attempt, expect=expect, state=state, **fields):
             return False
         if money == SETTLE:
             billing.settle(key=attempt.upstream_key, cost=attempt.cost_usd)
-        elif money == RELEASE:
+        else:
             billing.release(key=attempt.upstream_key)
     return True
 

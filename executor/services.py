@@ -11,6 +11,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from billing import rates
+from billing import services as billing
+from executor.models import Attempt
 from executor.providers import provider_for
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
@@ -140,9 +143,6 @@ def attempt_telemetry_record(*, job_id, provider: str, number: int, usage: dict 
     (job, provider, attempt number) that overwrites usage and cost and leaves outcome, error and timing
     alone. A report repeated counts once; one that fills in a cost nobody knew moves the month's spend by
     the difference (billing.services.resettle). False: no such attempt (nothing to report on)."""
-    from billing import rates, services as billing
-    from executor.models import Attempt
-
     attempt = Attempt.objects.filter(job_id=job_id, provider=provider, number=number).first()
     if attempt is None:
         logger.warning("telemetry for an unknown attempt %s/%s #%s", job_id, provider, number)
