@@ -12,6 +12,8 @@ export PATH := $(abspath $(BIN)):$(PATH)
 $(BIN)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@# The report page's browser test drives Debian's chromium (never a downloaded browser).
+	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 	touch $@
 
 install: $(BIN)/.installed

@@ -233,3 +233,11 @@ def fanout_reserve(*, client_id, job_id, key: str, units: int, unit_worst_case: 
 def fanout_release(*, key: str) -> bool:
     """The fan-out joined: what its units did not draw goes back."""
     return release(key=key)
+
+
+def fanout_release_for_job(*, job_id) -> int:
+    """The job ended before its fan-out joined (a cancel): every pool of it still held goes back."""
+    from billing.models import Reservation
+
+    keys = Reservation.objects.filter(job_id=job_id, kind=FANOUT, state=HELD).values_list("key", flat=True)
+    return sum(release(key=key) for key in list(keys))

@@ -48,3 +48,74 @@ class SpendView(APIView):
     )
     def get(self, request):
         return Response(selectors.month_spend(request.user, parse_month(request.query_params.get("month"))))
+
+
+# --- orders ------------------------------------------------------------------------------------------------
+
+_VISIBLE = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+class OrderCreateSerializer(serializers.Serializer):
+    """A paid order: the payment provider's id, the run and product it pays for, the report's input and
+    the buyer's email. Unknown fields are errors, like every request body of payonce's."""
+
+    payment_id = serializers.RegexField(_VISIBLE.pattern, max_length=255)
+    run_id = serializers.RegexField(_VISIBLE.pattern, max_length=255)
+    product = serializers.RegexField(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+    input = serializers.DictField()
+    email = serializers.EmailField(max_length=254)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+    def validate(self, attrs):
+        from jobs.serializers import ReportInputSerializer
+
+        report_input = {key: value for key, value in attrs["input"].items() if key != "email"}
+        checked = ReportInputSerializer(data={**report_input, "email": attrs["email"]})
+        if not checked.is_valid():
+            raise serializers.ValidationError({"input": checked.errors})
+        attrs["input"] = report_input
+        return attrs
+
+
+_ORDER = inline_serializer("Order", {
+    "id": serializers.UUIDField(), "status": serializers.ChoiceField(choices=["paid", "duplicate"]),
+    "job_id": serializers.UUIDField(allow_null=True), "duplicate_of": serializers.UUIDField(allow_null=True),
+    "payment_id": serializers.CharField(), "run_id": serializers.CharField(), "product": serializers.CharField(),
+    "created_at": serializers.DateTimeField(),
+    "job": inline_serializer("OrderJob", {"status": serializers.CharField(), "cost": serializers.JSONField()},
+                             required=False),
+})
+
+
+class OrderListCreateView(APIView):
+    @extend_schema(operation_id="orders_create", request=OrderCreateSerializer,
+                   responses={201: _ORDER, 200: _ORDER, 400: _ERROR, 401: _ERROR, 409: _ERROR, 413: _ERROR,
+                              415: _ERROR, 422: _ERROR})
+    def post(self, request):
+        from billing.orders import order_as_dict, order_create
+        from jobs.views import read_json_body
+
+        serializer = OrderCreateSerializer(data=read_json_body(request))
+        serializer.is_valid(raise_exception=True)
+        order, created = order_create(client=request.user, data=serializer.validated_data)
+        return Response(order_as_dict(order), status=201 if created else 200)
+
+
+class OrderDetailView(APIView):
+    @extend_schema(operation_id="orders_retrieve", responses={200: _ORDER, 401: _ERROR, 404: _ERROR})
+    def get(self, request, order_id):
+        from rest_framework.exceptions import NotFound
+
+        from billing.models import Order
+        from billing.orders import order_as_dict
+
+        order = Order.objects.filter(id=order_id, client_id=request.user.id).first()
+        if order is None:
+            raise NotFound("Not found.")
+        return Response(order_as_dict(order))

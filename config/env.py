@@ -103,3 +103,25 @@ def database_from_url(url: str) -> dict:
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
     }
+
+
+def email_from_url(url: str) -> dict:
+    """`EMAIL_URL` -> Django's email settings: `console://` prints mails; `smtp://[user:password@]host:port`
+    sends them (`?tls=1` for STARTTLS, `?ssl=1` for SMTPS)."""
+    parts = urlsplit(url)
+    if parts.scheme == "console":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    if parts.scheme not in ("smtp", "smtps"):
+        raise ImproperlyConfigured(f"EMAIL_URL: scheme {parts.scheme!r} is not console:// or smtp://")
+    if not parts.hostname:
+        raise ImproperlyConfigured("EMAIL_URL: smtp:// needs a host")
+    options = dict(pair.partition("=")[::2] for pair in filter(None, parts.query.split("&")))
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": parts.hostname,
+        "EMAIL_PORT": parts.port or (465 if parts.scheme == "smtps" else 25),
+        "EMAIL_HOST_USER": unquote(parts.username or ""),
+        "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
+        "EMAIL_USE_TLS": options.get("tls") in ("1", "true"),
+        "EMAIL_USE_SSL": parts.scheme == "smtps" or options.get("ssl") in ("1", "true"),
+    }

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from config.env import (
     database_from_url,
+    email_from_url,
     env_bool,
     env_decimal,
     env_float,
@@ -144,6 +145,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "jobs.schema.report_fields_are_optional"],
 }
 
 # Where links to outputs point (job JSON, webhooks). The API serves filesystem-store outputs itself.
@@ -188,6 +191,8 @@ PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")
 # the threads pool cannot enforce Celery's time limits (below).
 PROVIDER_CONNECT_TIMEOUT_S = env_float("PROVIDER_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
 PROVIDER_READ_TIMEOUT_S = env_float("PROVIDER_READ_TIMEOUT_S", 30.0, minimum=0.1)
+# An LLM call writes up to 8,000 tokens: it may take this long to answer (DESIGN.md, section 7).
+LLM_READ_TIMEOUT_S = env_float("LLM_READ_TIMEOUT_S", 120.0, minimum=0.1)
 # Leases (DESIGN.md, section 2). A step holds its lease while it works and renews it every third of
 # STEP_LEASE_S; a worker that died stops renewing and its step is taken over when the lease runs out. A
 # job's enqueue lease is how long a message sent for it may take to be picked up before the sweeper
@@ -204,6 +209,28 @@ STORE_RETRY_WINDOW_S = env_float("STORE_RETRY_WINDOW_S", 600.0, minimum=1.0)
 # job's policy.window_s nor the provider sets a window. Past it the attempt is cancelled upstream where
 # the provider can and ends window_expired.
 WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 3600.0, minimum=1.0)
+
+# Reports (DESIGN.md, section 7).
+REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)
+REPORT_CHAPTER_MAX_TOKENS = env_int("REPORT_CHAPTER_MAX_TOKENS", 4000, minimum=1)
+REPORT_MAX_CHAPTERS = env_int("REPORT_MAX_CHAPTERS", 24, minimum=1)
+# The emailed link: signed, and expiring after this long.
+REPORT_LINK_MAX_AGE_S = env_int("REPORT_LINK_MAX_AGE_S", 30 * 86400, minimum=1)
+# A mail outage after the seal: delivery is tried again with back-off for this long, then given up
+# (the report stays sealed and readable; the failure is on the report).
+REPORT_DELIVERY_DEADLINE_S = env_float("REPORT_DELIVERY_DEADLINE_S", 86400.0, minimum=1.0)
+REPORT_RETENTION_DAYS = env_int("REPORT_RETENTION_DAYS", 90, minimum=0)
+# The model a paid order's report is written with.
+ORDER_REPORT_MODEL = env_str("ORDER_REPORT_MODEL", "sandbox/llm")
+# Event streams (GET /v1/jobs/{id}/events): how often the job is read again, and how long a stream lasts.
+SSE_INTERVAL_S = env_float("SSE_INTERVAL_S", 1.2, minimum=0.05)
+SSE_MAX_S = env_float("SSE_MAX_S", 600.0, minimum=1.0)
+
+# Mail: EMAIL_URL (console:// prints, smtp://host:port sends).
+EMAIL_URL = env_str("EMAIL_URL", "console://")
+globals().update(email_from_url(EMAIL_URL))
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.localhost>")
 
 # --- Celery --------------------------------------------------------------------------------------------
 # The broker is a doorbell: messages carry ids, Postgres holds the truth (DESIGN.md, "Stack").

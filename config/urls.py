@@ -2,12 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from jobs import views as job_views
+
 urlpatterns = [
     path("v1/", include("jobs.urls")),
     path("v1/", include("billing.urls")),
     path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),
+    path("r/<str:token>", job_views.report_page, name="report-page"),
 ]
 
 # Errors outside DRF views (unknown paths, crashes) are JSON too, never an HTML page.

@@ -32,6 +32,7 @@ from django.utils.module_loading import import_string
 
 from billing import rates as rate_card
 from billing import services as billing
+from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.sql import violated_constraint
 from executor import policy, services
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
@@ -153,13 +154,63 @@ def cancel_current(job) -> None:
 
 # --- a paid LLM call ------------------------------------------------------------------------------------
 
+LLM_MAX_TOKENS = 8000
+LLM_ATTEMPTS = 3
+# Worth another try: the provider said "not now" (429, 5xx) or never answered. Any other 4xx gets the
+# same answer again, so it ends the call.
+LLM_RETRYABLE = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT, ErrorClass.NETWORK})
 
-def complete(job, *, step: str, model_name: str, system: str, messages: list[dict], max_tokens: int,
+
+def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dict], max_tokens: int,
              pool: str | None = None) -> dict:
-    """One paid LLM call as one attempt of `step`: the intent with its worst case reserved (or drawn from
-    a fan-out's `pool`), the call, then the attempt ended with its usage and derived cost, and its
-    reservation settled or released in the same transaction. Returns {"text", "attempt", "cost_usd"};
-    raises JobFailure when the call failed (its money decided either way)."""
+    """One LLM call of `step` (a synthesis, a chapter), as up to LLM_ATTEMPTS attempts of this run: on
+    429, 5xx and network errors another attempt after a back-off (Retry-After wins), on any other error
+    none. Every attempt is on the record with its upstream key, usage and derived cost, failed ones
+    included. Returns {"text", "attempt", "cost_usd"}; raises StepRetry to wait between attempts (no
+    thread sleeps through a back-off) and JobFailure when the call failed for good.
+
+    A pass reads the step's earlier attempts first: one that succeeded is the answer (no call, no pay).
+    One still `submitting` belongs to an execution that is gone: the caller holds the step's lease
+    (jobs.steps), so it took the step over from a dead worker. Its call may have been paid and nothing
+    can tell (LLM providers have neither key nor lookup): it becomes uncertain with its reservation kept
+    as spent, counts as a try, and the rule for cheap calls pays again under the next key."""
+    max_tokens = min(max_tokens, LLM_MAX_TOKENS)
+    earlier = list(Attempt.objects.filter(job=job, run=job.run, step=step).order_by("number"))
+    for attempt in earlier:
+        if attempt.state == AttemptState.SUCCEEDED:
+            return _llm_answer(attempt)
+        if attempt.state == AttemptState.SUBMITTING:
+            if _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=HOLD,
+                    error=attempt.error or "the execution sending it died before its answer was recorded"):
+                billing.settle(key=attempt.upstream_key, cost=None)
+    if earlier:
+        last = earlier[-1]
+        if last.state == AttemptState.FAILED and last.error_class not in LLM_RETRYABLE:
+            raise JobFailure(policy.STOP_CODES.get(last.error_class, "PROVIDER_REFUSED"), last.error or "",
+                             attempt=last.number)
+        if len(earlier) >= LLM_ATTEMPTS:
+            raise JobFailure("ATTEMPTS_EXHAUSTED", last.error or "no answer", attempt=last.number)
+        if last.retry_at and last.retry_at > timezone.now():
+            raise StepRetry(f"the LLM call failed ({last.error_class}); again after a back-off",
+                            countdown=(last.retry_at - timezone.now()).total_seconds())
+    attempt = _llm_attempt(job, step=step, model_name=model_name, system=system, messages=messages,
+                           max_tokens=max_tokens, pool=pool, tries=len(earlier) + 1)
+    if attempt.state == AttemptState.SUCCEEDED:
+        return _llm_answer(attempt)
+    return llm_call(job, step=step, model_name=model_name, system=system, messages=messages,
+                    max_tokens=max_tokens, pool=pool)  # decide on the attempt just made (retry, or fail)
+
+
+def _llm_answer(attempt: Attempt) -> dict:
+    return {"text": attempt.answer or "", "attempt": attempt.number,
+            "cost_usd": str(attempt.cost_usd) if attempt.cost_usd is not None else None}
+
+
+def _llm_attempt(job, *, step: str, model_name: str, system: str, messages: list[dict], max_tokens: int,
+                 pool: str | None, tries: int) -> Attempt:
+    """One attempt: the intent with its worst case reserved (or drawn from a fan-out's `pool`), the call,
+    then the attempt ended with its usage and derived cost, its reservation settled or released in the
+    same transaction."""
     spec = model_spec(model_name)
     worst = rate_card.worst_case(model_name, max_tokens=max_tokens,
                                  input_tokens=rate_card.input_tokens_bound(system, messages))
@@ -173,23 +224,23 @@ def complete(job, *, step: str, model_name: str, system: str, messages: list[dic
     except ProviderError as exc:
         elapsed = int((time.monotonic() - started) * 1000)
         paid = getattr(exc, "usage", None)  # a 200 that refused: paid for, priced from its usage
-        if exc.outcome_unknown:
-            # It may have been paid: the reservation stays as spent (unpriced) with the attempt uncertain.
+        retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(tries, exc.retry_after))
+        if exc.outcome_unknown and exc.status is None:
+            # No answer at all: it may have been paid. The attempt is uncertain, its reservation stays
+            # spent (unpriced), and the rule for cheap calls tries again under the next key.
             _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=HOLD,
-                 error_class=exc.kind, error=exc.message, last_status=exc.status, duration_ms=elapsed)
+                 error_class=exc.kind, error=exc.message, duration_ms=elapsed, retry_at=retry_at)
             billing.settle(key=attempt.upstream_key, cost=None)
         else:
+            # An answer: a 429 or a 5xx (not done, not charged) or another refusal.
             _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=SETTLE if paid else RELEASE,
                  error_class=exc.kind, error=exc.message, last_status=exc.status, duration_ms=elapsed,
-                 usage=paid.as_dict() if paid else None)
-        raise JobFailure(policy.STOP_CODES.get(exc.kind, "ATTEMPTS_EXHAUSTED"), exc.message,
-                         attempt=attempt.number) from exc
-    usage = completion.usage.as_dict()
-    _end(attempt, AttemptState.SUCCEEDED, expect=AttemptState.SUBMITTING, money=SETTLE, usage=usage,
-         upstream_id=completion.upstream_id or "", accepted_at=timezone.now(),
-         duration_ms=int((time.monotonic() - started) * 1000))
-    return {"text": completion.text, "attempt": attempt.number,
-            "cost_usd": str(attempt.cost_usd) if attempt.cost_usd is not None else None}
+                 retry_at=retry_at, usage=paid.as_dict() if paid else None)
+        return attempt
+    _end(attempt, AttemptState.SUCCEEDED, expect=AttemptState.SUBMITTING, money=SETTLE,
+         usage=completion.usage.as_dict(), answer=completion.text, upstream_id=completion.upstream_id or "",
+         accepted_at=timezone.now(), duration_ms=int((time.monotonic() - started) * 1000))
+    return attempt
 
 
 # --- decisions -----------------------------------------------------------------------------------------
@@ -245,43 +296,53 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
        nothing is written, nothing is sent, and the job fails BUDGET_EXCEEDED.
     3. It refuses to run inside an outer transaction: one rolled back after the call went out would
        leave spend with no record (the provider charged; the intent, its key and its reservation gone).
-    4. Two executions deciding to pay at once race on the named constraints attempt_job_number (the same
-       number) and attempt_one_out_per_run (this step has an attempt out already): the loser's statement
-       fails whole (its reservation too), it sends nothing and comes back later. Any other integrity
-       error is a bug, and is raised.
+    4. Two executions deciding to pay at once race on the named constraints. On attempt_job_number or
+       reservation_key (the same number, so the same upstream key: parallel chapters of one job) the
+       loser's statement fails whole, its reservation too, and it takes the next number at once. On
+       attempt_one_out_per_run (this step has an attempt out already) it sends nothing and comes back
+       later. Any other integrity error is a bug, and is raised.
     """
     if connection.in_atomic_block:
         raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
                            "whose rollback after the call would lose the record of the spend")
     spec = model_spec(model_name)
-    number = _next_number(job)
-    key = upstream_key(job, number)
-    params = {name: value for name, value in job.input.items() if name not in ("prompt", "references")}
-    request = {
-        "prompt": job.input.get("prompt", ""),
-        "params": params,
-        "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key},
-        **(request_extra or {}),
-    }
     worst = worst_case if worst_case is not None else rate_card.worst_case(model_name)
-    now = timezone.now()
-    intent = {"a_job": job.id, "a_run": job.run, "a_step": step, "a_number": number, "a_provider": spec.provider,
-              "a_model": spec.model, "a_key": key, "a_now": now,
-              "a_request": Attempt._meta.get_field("request").get_db_prep_save(request, connection)}
-    try:
-        rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
-                                    model=model_name, amount=worst, pool=pool)
-    except IntegrityError as exc:
-        constraint = violated_constraint(exc)
-        if constraint not in (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT):
+    for _ in range(_NUMBER_TRIES):
+        number = _next_number(job)
+        key = upstream_key(job, number)
+        params = {name: value for name, value in job.input.items() if name not in ("prompt", "references")}
+        request = {
+            "prompt": job.input.get("prompt", ""),
+            "params": params,
+            "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key},
+            **(request_extra or {}),
+        }
+        now = timezone.now()
+        intent = {"a_job": job.id, "a_run": job.run, "a_step": step, "a_number": number, "a_provider": spec.provider,
+                  "a_model": spec.model, "a_key": key, "a_now": now,
+                  "a_request": Attempt._meta.get_field("request").get_db_prep_save(request, connection)}
+        try:
+            rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
+                                        model=model_name, amount=worst, pool=pool)
+        except IntegrityError as exc:
+            constraint = violated_constraint(exc)
+            if constraint in (ATTEMPT_NUMBER_CONSTRAINT, RESERVATION_KEY_CONSTRAINT):
+                continue  # another step of this job (a sibling chapter) took the number first: the next one
+            if constraint == ONE_OUT_PER_RUN_CONSTRAINT:
+                raise StepRetry(f"another execution is paying for this step ({constraint})", countdown=1.0) from None
             raise
-        raise StepRetry(f"another execution is paying for this run ({constraint})", countdown=1.0) from None
-    if rows is None:
-        raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not fit "
-                         "under this month's budget; nothing was sent.", model=model_name, worst_case_usd=str(worst))
-    return Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
-                   model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
-                   request=request, sends=1, poll_errors=0, created_at=now, submitted_at=now)
+        if rows is None:
+            raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not "
+                             "fit under this month's budget; nothing was sent.", model=model_name,
+                             worst_case_usd=str(worst))
+        return Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
+                       model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
+                       request=request, sends=1, poll_errors=0, created_at=now, submitted_at=now)
+    raise StepRetry("the job's attempt numbers are contended; trying again", countdown=0.2)
+
+
+# How often an intent takes the job's next number again after a sibling step took it first.
+_NUMBER_TRIES = 20
 
 
 def _next_number(job) -> int:

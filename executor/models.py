@@ -45,6 +45,9 @@ class Attempt(models.Model):
     last_status = models.PositiveSmallIntegerField(null=True, blank=True)
     # Polls of the accepted attempt that failed in a row (they back off inside the attempt's deadline).
     poll_errors = models.PositiveIntegerField(default=0)
+    # A text call's answer, kept with the attempt that paid for it: a step that crashed after the call
+    # and before it saved the text reads it back here instead of paying again.
+    answer = models.TextField(null=True, blank=True)
     usage = models.JSONField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     cost_source = models.CharField(max_length=16, null=True, blank=True)  # quoted, derived or local

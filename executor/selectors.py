@@ -10,7 +10,7 @@ from executor.models import AttemptState
 # column or a parameter), so a job and its attempts come back in one statement.
 ATTEMPTS_JSON_SQL = f"""
 (SELECT coalesce(json_agg(json_build_object(
-        'number', a.number, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
+        'number', a.number, 'step', a.step, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
         'state', a.state, 'error_class', a.error_class, 'error', a.error, 'duration_ms', a.duration_ms,
         'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage,
         'maybe_paid', a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))

@@ -47,6 +47,11 @@ class RequestTimeout(ApiError):
     code = "REQUEST_TIMEOUT"
 
 
+class ReportNotSealed(ApiError):
+    status_code = status.HTTP_409_CONFLICT
+    code = "REPORT_NOT_SEALED"
+
+
 class StoreUnavailable(ApiError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     code = "STORE_UNAVAILABLE"

@@ -149,3 +149,56 @@ class Step(models.Model):
 
     def __str__(self):
         return f"{self.job_id} run {self.run} {self.name} ({self.status})"
+
+
+class Report(models.Model):
+    """A report job's durable record (DESIGN.md, section 7): what it was written from, what was written,
+    and whether it was sealed and delivered. Its chapters outlive any one run, so a person's retry reuses
+    every chapter an earlier run finished."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="report", primary_key=True)
+    # The personal input (removed by purge_personal_data after the retention period) ...
+    subject = models.JSONField(null=True, blank=True)
+    email = models.CharField(max_length=254, blank=True, default="")
+    # ... and what the report keeps when it is gone: the figures saved onto it at the first step.
+    figures = models.JSONField(default=dict)
+    chapter_keys = models.JSONField(default=list)
+    synthesis = models.TextField(null=True, blank=True)  # every chapter reads it; never delivered
+    sealed_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivery_error = models.TextField(blank=True, default="")
+    purged_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return f"report {self.job_id}"
+
+
+class ChapterStatus(models.TextChoices):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class ReportChapter(models.Model):
+    """One chapter of a report. Once `done` it is never written again: its text is kept byte for byte,
+    whatever run, retry or resume comes after."""
+
+    report = models.ForeignKey(Report, on_delete=models.CASCADE, related_name="chapters")
+    key = models.CharField(max_length=64)
+    position = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=ChapterStatus.choices, default=ChapterStatus.PENDING)
+    text = models.TextField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    run = models.PositiveIntegerField(null=True, blank=True)  # the run that wrote it
+    attempt = models.PositiveIntegerField(null=True, blank=True)  # the attempt whose answer it is
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["report", "key"], name="report_chapter_key"),
+        ]
+        ordering = ["position"]
+
+    def __str__(self):
+        return f"{self.report_id} {self.key} ({self.status})"

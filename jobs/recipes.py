@@ -1,25 +1,31 @@
 """Recipes: a job's kind names its ordered steps (DESIGN.md, section 2).
 
-`media`: mark running, reserve budget, check the output key, submit | wait | store output, finish.
-Three stages, so three messages: steps that only touch the database or read run inline in one task,
-each still its own `Step` row; a message is needed only where the job waits on the provider.
+`media`: mark running, check the output key, submit | wait | store output, finish. Three stages, so
+three messages: steps that only touch the database or read run inline in one task, each still its own
+`Step` row; a message is needed only where the job waits on the provider. (The budget's worst case is
+reserved with each attempt's intent: executor.attempts.)
+
+`report`: mark running, load the input, synthesis, the budget pre-flight | one step per chapter, in
+parallel | seal | deliver, finish (DESIGN.md, section 7).
 """
 
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from billing import rates
+from billing import services as billing
 from executor import attempts
 from executor import services as executor
-from jobs import services
+from jobs import reports, services
 from jobs.models import JobStatus
-from jobs.workflow import Effect, Recipe, Stage, StepSpec, recipe_register
+from jobs.outcomes import JobFailure, StepRetry
+from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec, recipe_register
 
 
 def mark_running(ctx) -> dict:
     return {"started": services.job_mark_running(job_id=ctx.job.id)}
-
-
-def reserve_budget(ctx) -> dict:
-    # The budget guard (DESIGN.md, section 6) reserves the worst case here; until billing lands it is a
-    # checkpoint that reserves nothing.
-    return {"reserved_usd": None}
 
 
 def check_output(ctx) -> dict:
@@ -61,7 +67,6 @@ MEDIA = recipe_register(
         stages=(
             Stage("prepare", (
                 StepSpec("mark_running", mark_running, Effect.DB),
-                StepSpec("reserve_budget", reserve_budget, Effect.DB),
                 StepSpec("check_output", check_output, Effect.READ),
                 StepSpec("submit", submit, Effect.EXTERNAL),
             )),
@@ -73,5 +78,148 @@ MEDIA = recipe_register(
             )),
         ),
         on_cancel=cancel_upstream,
+    )
+)
+
+
+# --- report ------------------------------------------------------------------------------------------------
+
+
+def _model(ctx) -> str:
+    return ctx.job.model_chain[0]
+
+
+def _pool(ctx) -> str:
+    return f"fanout-{ctx.job.id}-{ctx.run}"
+
+
+def load_report(ctx) -> dict:
+    report = reports.report_load(job=ctx.job)
+    return {"chapters": report.chapter_keys}
+
+
+def synthesis(ctx) -> dict:
+    """Every chapter reads it; never delivered. Written once: a resumed report and a person's retry
+    (a new run) reuse it verbatim."""
+    report = reports.report_of(ctx.job.id)
+    if report.synthesis is None:
+        answer = attempts.llm_call(ctx.job, step="synthesis", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
+                                   messages=reports.synthesis_messages(report),
+                                   max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
+        if not answer["text"].strip():
+            raise JobFailure("CHAPTER_FAILED", "The synthesis came back empty.", chapters=["synthesis"])
+        reports.synthesis_save(report=report, text=answer["text"])
+    return {"synthesis": True}
+
+
+def chapter_worst_case(ctx, report) -> object:
+    """The most one chapter call can cost: its prompt's every byte a token at the dearest input rate, and
+    its whole max_tokens of output."""
+    longest = max(report.chapter_keys, key=len)
+    return rates.worst_case(_model(ctx), max_tokens=min(settings.REPORT_CHAPTER_MAX_TOKENS, attempts.LLM_MAX_TOKENS),
+                            input_tokens=rates.input_tokens_bound(reports.SYSTEM_PROMPT,
+                                                                  reports.chapter_messages(report, longest)))
+
+
+def preflight(ctx) -> dict:
+    """Before the chapters start: one reservation of chapters remaining x the most one can cost. Refused:
+    no chapter starts, and no provider is called (the parallel chapters cannot all pass the check)."""
+    report = reports.report_of(ctx.job.id)
+    left = reports.chapters_left(report)
+    if left and not billing.fanout_reserve(client_id=ctx.job.client_id, job_id=ctx.job.id, key=_pool(ctx),
+                                           units=len(left), unit_worst_case=chapter_worst_case(ctx, report)):
+        raise JobFailure("BUDGET_EXCEEDED", f"The worst case of {len(left)} chapters does not fit under this "
+                         "month's budget; no chapter was started.", chapters=left)
+    return {"chapters_left": left}
+
+
+def chapter_keys(ctx) -> list[str]:
+    return list(ctx.job.input["chapters"])
+
+
+def write_chapter(ctx, key: str) -> dict:
+    """One chapter: a done one (from any run) is read back, never paid for again; a missing one is one
+    LLM call drawn from the pre-flight's pool. An empty answer fails the chapter (it is not done)."""
+    report = reports.report_of(ctx.job.id)
+    kept = reports.done_chapter(report, key)
+    if kept is not None:
+        return {"key": key, "kept": True}
+    try:
+        answer = attempts.llm_call(ctx.job, step=f"chapter-{key}", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
+                                   messages=reports.chapter_messages(report, key),
+                                   max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS, pool=_pool(ctx))
+    except JobFailure as failure:
+        reports.chapter_fail(report=report, key=key, error=f"{failure.code}: {failure.message}")
+        raise
+    if not answer["text"].strip():
+        reports.chapter_fail(report=report, key=key, error="the answer was empty")
+        raise JobFailure("CHAPTER_FAILED", f"Chapter {key} came back empty.", chapters=[key])
+    reports.chapter_save(report=report, key=key, text=answer["text"], run=ctx.run, attempt=answer["attempt"])
+    return {"key": key, "kept": False, "attempt": answer["attempt"]}
+
+
+def seal(ctx) -> dict:
+    """Seal only when every chapter is done. Either way what the pool did not draw goes back (committed
+    here: the verdict, in the next step, may fail the run)."""
+    billing.fanout_release(key=_pool(ctx))
+    report = reports.report_of(ctx.job.id)
+    left = reports.chapters_left(report)
+    if not left:
+        reports.report_seal(report=report)
+    return {"sealed": not left, "missing": left}
+
+
+def verdict(ctx) -> dict:
+    """A report with a chapter missing fails, naming the chapters (a person's retry writes only those)."""
+    missing = ctx.result("seal")["missing"]
+    if missing:
+        raise JobFailure("CHAPTER_FAILED", f"Chapters not written: {', '.join(missing)}.", chapters=missing)
+    return {"sealed": True}
+
+
+def deliver(ctx) -> dict:
+    """The emailed link, in its own step: a mail outage cannot fail a sealed report. Tried again with
+    back-off until REPORT_DELIVERY_DEADLINE_S after the seal, then given up (on the record). A delivered
+    report is not mailed again: the step is done, and the report says so."""
+    report = reports.report_of(ctx.job.id)
+    if report.delivered_at is not None:
+        return {"delivered": True}
+    try:
+        reports.report_mail_link(job_id=report.job_id, to=report.email)
+    except Exception as exc:  # noqa: BLE001 - every mail failure is one the next try may not have
+        words = f"{type(exc).__name__}: {exc}"[:500]
+        reports.report_delivery_failed(report=report, error=words)
+        if timezone.now() - report.sealed_at > timedelta(seconds=settings.REPORT_DELIVERY_DEADLINE_S):
+            return {"delivered": False, "error": words}
+        raise StepRetry(f"the mail could not be sent ({words})") from exc
+    reports.report_mark_delivered(report=report)
+    return {"delivered": True}
+
+
+def finish_report(ctx) -> dict:
+    report = reports.report_of(ctx.job.id)
+    output = {"report": f"{settings.PUBLIC_BASE_URL}/v1/jobs/{ctx.job.id}/report", "link": reports.report_link(report.job_id),
+              "delivered": ctx.result("deliver", {}).get("delivered", False)}
+    return {"won": services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=output)}
+
+
+REPORT = recipe_register(
+    Recipe(
+        kind="report",
+        stages=(
+            Stage("prepare", (
+                StepSpec("mark_running", mark_running, Effect.DB),
+                StepSpec("load", load_report, Effect.DB),
+                StepSpec("synthesis", synthesis, Effect.EXTERNAL),
+                StepSpec("preflight", preflight, Effect.DB),
+            )),
+            Stage("chapters", fanout=FanOutSpec("chapter", keys=chapter_keys, fn=write_chapter)),
+            Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
+            Stage("deliver", (
+                StepSpec("verdict", verdict, Effect.DB),
+                StepSpec("deliver", deliver, Effect.EXTERNAL),
+                StepSpec("finish", finish_report, Effect.DB),
+            )),
+        ),
     )
 )

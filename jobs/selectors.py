@@ -7,7 +7,8 @@ from django.db import connection
 from django.db.models import Q
 
 from executor.selectors import attempts_json_sql
-from jobs.models import Job, JobStatus, Step, StepStatus
+from executor.models import AttemptState
+from jobs.models import ChapterStatus, Job, JobStatus, Step, StepStatus
 
 
 def succeeded_output_keys(*, client_id, keys) -> set[str]:
@@ -112,3 +113,42 @@ def stuck_jobs(*, handoff: timedelta, limit: int = 500) -> list[tuple]:
 def job_is_cancelled(job_id) -> bool:
     """An API cancel is final: the executor looks before it spends."""
     return Job.objects.filter(id=job_id, status=JobStatus.CANCELLED).exists()
+
+
+# --- progress (GET /v1/jobs/{id}/events) -------------------------------------------------------------------
+
+# One statement: the job's status, its current run's steps, its chapters done of total and its cost so
+# far, and a version: the latest moment any of them changed (microseconds), which numbers the frames.
+_SNAPSHOT_SQL = f"""
+SELECT j.status, j.run,
+       (SELECT coalesce(json_agg(json_build_object('name', s.name, 'status', s.status) ORDER BY s.id), '[]'::json)
+          FROM jobs_step s WHERE s.job_id = j.id AND s.run = j.run),
+       (SELECT count(*) FILTER (WHERE c.status = '{ChapterStatus.DONE}') FROM jobs_reportchapter c WHERE c.report_id = j.id),
+       (SELECT count(*) FROM jobs_reportchapter c WHERE c.report_id = j.id),
+       (SELECT coalesce(sum(a.cost_usd), 0) FROM executor_attempt a WHERE a.job_id = j.id),
+       (SELECT count(*) FROM executor_attempt a WHERE a.job_id = j.id AND a.cost_usd IS NULL
+           AND (a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))),
+       floor(extract(epoch FROM greatest(
+           j.updated_at,
+           (SELECT max(greatest(s.started_at, coalesce(s.finished_at, s.started_at))) FROM jobs_step s
+             WHERE s.job_id = j.id AND s.run = j.run),
+           (SELECT max(greatest(a.created_at, coalesce(a.finished_at, a.created_at))) FROM executor_attempt a
+             WHERE a.job_id = j.id),
+           (SELECT max(c.done_at) FROM jobs_reportchapter c WHERE c.report_id = j.id))) * 1000000)::bigint
+  FROM jobs_job j WHERE j.id = %s AND j.client_id = %s
+"""
+
+
+def job_snapshot(*, client_id, job_id) -> tuple[int, dict] | None:
+    """(version, snapshot) of the client's job, or None (not the client's)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SNAPSHOT_SQL, [job_id, client_id])
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    status, run, steps, done, total, cost, unpriced, version = found
+    snapshot = {"status": status, "run": run, "steps": steps,
+                "cost": {"total_usd": f"{cost:.6f}", "unpriced_attempts": unpriced}}
+    if total:
+        snapshot["chapters"] = {"done": done, "total": total}
+    return version, snapshot

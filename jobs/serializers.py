@@ -4,6 +4,7 @@ import base64
 import binascii
 import json
 import re
+from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
@@ -125,6 +126,38 @@ class MediaInputSerializer(serializers.Serializer):
         return data  # validated; kept exactly as sent (the extra keys are the provider's parameters)
 
 
+_CHAPTER_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+
+class ReportInputSerializer(StrictSerializer):
+    """A report's input: the subject it is written about (personal: purged after the retention period),
+    its chapters (slugs, in order, each once) and where the link goes."""
+
+    subject = serializers.DictField()
+    chapters = serializers.ListField(child=StrictCharField(max_length=64), min_length=1)
+    email = serializers.EmailField(max_length=254)
+
+    def validate_subject(self, value):
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        if not value:
+            raise serializers.ValidationError("The subject is empty.")
+        if size > METADATA_MAX_BYTES:
+            raise serializers.ValidationError(f"At most {METADATA_MAX_BYTES} bytes of JSON ({size} given).")
+        return value
+
+    def validate_chapters(self, value):
+        from django.conf import settings
+
+        if len(value) > settings.REPORT_MAX_CHAPTERS:
+            raise serializers.ValidationError(f"At most {settings.REPORT_MAX_CHAPTERS} chapters.")
+        bad = [key for key in value if not _CHAPTER_KEY.match(key)]
+        if bad:
+            raise serializers.ValidationError(f"Chapter keys are slugs (a-z, 0-9, '-'): {', '.join(bad[:5])}.")
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("Each chapter key once.")
+        return value
+
+
 class JobCreateSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=JobKind.choices)
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
@@ -137,11 +170,6 @@ class JobCreateSerializer(StrictSerializer):
     def __init__(self, *args, client=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.client = client  # whose outputs a reference may name
-
-    def validate_kind(self, value):
-        if value == JobKind.REPORT:
-            raise serializers.ValidationError("Report jobs are not enabled in this build of payonce yet.")
-        return value
 
     def validate_models(self, value):
         unknown = [name for name in value if model_spec(name) is None]
@@ -194,6 +222,12 @@ class JobCreateSerializer(StrictSerializer):
                 refused = self._foreign_references(attrs["input"].get("references") or [])
                 if refused:
                     errors["input"] = {"references": refused}
+        if attrs["kind"] == JobKind.REPORT and "input" not in errors:
+            report_input = ReportInputSerializer(data=attrs["input"])
+            if not report_input.is_valid():
+                errors["input"] = report_input.errors
+            elif "output_key" in attrs:
+                errors["output_key"] = ["A report has no output key: it is read at /v1/jobs/{id}/report."]
         if errors:
             raise serializers.ValidationError(errors)
         attrs.setdefault("policy", dict(DEFAULT_POLICY))
@@ -219,6 +253,7 @@ class JobCreateSerializer(StrictSerializer):
 
 class AttemptSerializer(serializers.Serializer):
     number = serializers.IntegerField()
+    step = serializers.CharField(help_text="The step of the run that made it: submit, synthesis, chapter-{key}")
     provider = serializers.CharField()
     model = serializers.CharField()
     upstream_key = serializers.CharField()
@@ -244,7 +279,7 @@ def job_as_dict(job) -> dict:
     if rows is None:
         rows = attempts_for([job.id]).get(job.id, [])
     attempts, cost = public_attempts(rows)
-    return {
+    shown = {
         "id": str(job.id),
         "kind": job.kind,
         "status": job.status,
@@ -264,6 +299,27 @@ def job_as_dict(job) -> dict:
         "started_at": _iso(job.started_at),
         "completed_at": _iso(job.completed_at),
     }
+    if job.kind == JobKind.REPORT:
+        shown["chapters"] = report_chapters(job, attempts)
+    return shown
+
+
+def report_chapters(job, attempts: list[dict]) -> list[dict]:
+    """A report's chapters in order, each with its attempts (every run's) and their cost (API.md)."""
+    from jobs.models import ReportChapter
+
+    by_step: dict[str, list[dict]] = {}
+    for attempt in attempts:
+        by_step.setdefault(attempt.get("step") or "", []).append(attempt)
+    keys = job.input.get("chapters") or []
+    status = dict(ReportChapter.objects.filter(report_id=job.id).values_list("key", "status"))
+    chapters = []
+    for key in keys:
+        rows = by_step.get(f"chapter-{key}", [])
+        cost = sum((Decimal(a["cost_usd"]) for a in rows if a["cost_usd"] is not None), Decimal(0))
+        chapters.append({"key": key, "status": status.get(key, "pending"), "attempts": rows,
+                         "cost_usd": str(cost.quantize(Decimal("0.000001")))})
+    return chapters
 
 
 class JobSerializer(serializers.Serializer):
@@ -284,6 +340,7 @@ class JobSerializer(serializers.Serializer):
     error = serializers.JSONField(allow_null=True)
     attempts = serializers.SerializerMethodField()
     cost = serializers.SerializerMethodField()
+    chapters = serializers.SerializerMethodField(help_text="Reports only: the chapters in order.")
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     completed_at = serializers.DateTimeField(allow_null=True)
@@ -300,4 +357,11 @@ class JobSerializer(serializers.Serializer):
         "unpriced_attempts": serializers.IntegerField(),
     }))
     def get_cost(self, job):  # the schema only: job_as_dict renders
+        raise NotImplementedError
+
+    @extend_schema_field(inline_serializer("ReportChapter", {
+        "key": serializers.CharField(), "status": serializers.CharField(),
+        "attempts": AttemptSerializer(many=True), "cost_usd": serializers.DecimalField(max_digits=12, decimal_places=6),
+    }, many=True))
+    def get_chapters(self, job):  # the schema only: job_as_dict renders
         raise NotImplementedError

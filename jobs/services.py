@@ -223,6 +223,9 @@ def job_cancel(*, job: Job) -> bool:
         )
         if won:
             _keep_uncertain_spend(job.id)
+            from billing.services import fanout_release_for_job
+
+            fanout_release_for_job(job_id=job.id)  # a cancelled report's chapters will not draw again
     if won:
         from jobs import tasks
 

@@ -24,10 +24,11 @@ from jobs.errors import (
     JobNotRetryable,
     JobTerminal,
     PayloadTooLarge,
+    ReportNotSealed,
     StoreUnavailable,
     UnsupportedMediaType,
 )
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, Report
 from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
 
@@ -240,3 +241,56 @@ class WhoAmIView(APIView):
     )
     def get(self, request):
         return Response({"client_id": str(request.user.id), "name": request.user.name})
+
+
+class JobReportView(APIView):
+    """A sealed report's chapters in order: Markdown, or JSON with `Accept: application/json`."""
+
+    @extend_schema(
+        operation_id="jobs_report",
+        responses={
+            (200, "text/markdown"): OpenApiTypes.STR,
+            (200, "application/json"): inline_serializer("Report", {
+                "job_id": serializers.UUIDField(), "sealed_at": serializers.DateTimeField(),
+                "figures": serializers.JSONField(),
+                "chapters": inline_serializer("ReportText", {"key": serializers.CharField(),
+                                                             "text": serializers.CharField()}, many=True),
+            }),
+            401: _ERROR, 404: _ERROR, 409: _ERROR,
+        },
+    )
+    def get(self, request, job_id):
+        from django.http import HttpResponse
+
+        from jobs import reports
+
+        job = _own_job(request, job_id)
+        report = Report.objects.filter(job_id=job.id).first()
+        if report is None or report.sealed_at is None:
+            raise ReportNotSealed("The report is not sealed yet.", status=job.status)
+        if "application/json" in request.META.get("HTTP_ACCEPT", ""):
+            return Response({
+                "job_id": str(job.id), "sealed_at": report.sealed_at.isoformat().replace("+00:00", "Z"),
+                "figures": report.figures,
+                "chapters": [{"key": c.key, "text": c.text} for c in reports.chapters_in_order(report)],
+            })
+        return HttpResponse(reports.as_markdown(report), content_type="text/markdown; charset=utf-8")
+
+
+def report_page(request, token: str):
+    """GET /r/{token}: the page behind the emailed link. Signed and expiring; a bad or expired token is
+    404. Server-rendered, self-contained (no CDN, no external font), readable on a phone."""
+    from django.http import HttpResponseNotFound
+    from django.shortcuts import render
+
+    from jobs import reports
+    from jobs.markdown import to_html
+
+    report = reports.report_from_token(token)
+    if report is None:
+        return HttpResponseNotFound(render(request, "jobs/report_not_found.html").content)
+    if report.sealed_at is None:  # a duplicate payment's link, mailed before the first report sealed
+        return render(request, "jobs/report_pending.html", status=202)
+    chapters = [{"key": c.key, "title": c.key.replace("-", " ").capitalize(), "html": to_html(c.text or "")}
+                for c in reports.chapters_in_order(report)]
+    return render(request, "jobs/report.html", {"report": report, "chapters": chapters})

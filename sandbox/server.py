@@ -30,6 +30,7 @@ MAX_RENDER_S = 24 * 3600
 
 FAULT_ACTIONS = frozenset(
     {
+        "status_400",
         "status_429",
         "status_500",
         "status_503",
@@ -40,6 +41,7 @@ FAULT_ACTIONS = frozenset(
         "accept_then_drop",
         "crash_after_accept",
         "fail_render",
+        "empty",
     }
 )
 FAULT_ONS = frozenset({"submit", "poll", "cancel", "upload", "lookup", "media"})
@@ -146,6 +148,8 @@ def _fault_error(fault: dict) -> ApiError | None:
         return ApiError(503, "unavailable", message or "service unavailable", headers=headers, **extra)
     if action == "status_422":
         return _invalid(message or "duration_secs must be 8 when reference images are given")
+    if action == "status_400":
+        return ApiError(400, "invalid_request_error", message or "the request is not valid")
     if action == "status_401":
         return ApiError(401, "authentication_error", message or "invalid API key")
     if action == "refuse":
@@ -184,6 +188,8 @@ def _validate_faults(body) -> list[dict]:
             raise _invalid(f"{where}.on must be one of {', '.join(sorted(FAULT_ONS))}")
         if action == "fail_render" and (on != "submit" or model == "llm"):
             raise _invalid(f"{where}: fail_render applies to generation submits only")
+        if action == "empty" and (on != "submit" or model not in ("llm", "*")):
+            raise _invalid(f"{where}: empty applies to LLM calls only")
         faults.append(
             {"model": model, "action": action, "times": times, "seconds": seconds, "message": message, "on": on}
         )
@@ -458,7 +464,7 @@ class Handler(BaseHTTPRequestHandler):
             raise _invalid(f"model {model_id} is answered by POST /v1/messages")
         _render_params(params)
 
-        fault = self._begin("submit")
+        fault = self._begin("submit", skip_actions=frozenset({"empty"}))
         fail_message = params.get("fail_render")
         if fault is not None and fault["action"] == "fail_render":
             fail_message = fault["message"] or "render failed upstream"
@@ -583,8 +589,10 @@ class Handler(BaseHTTPRequestHandler):
             raise _invalid(f"model {model_id} is rendered by POST /v1/generations")
 
         # fail_render has no meaning for a synchronous call: such faults wait for a generation.
-        self._begin("submit", skip_actions=frozenset({"fail_render"}))
+        fault = self._begin("submit", skip_actions=frozenset({"fail_render"}))
         reply = catalog.llm_reply(system, messages, max_tokens)
+        if fault is not None and fault["action"] == "empty":
+            reply = {**reply, "text": "", "output_tokens": 0}  # answered (and charged for its input), empty
         amount = catalog.llm_cost(model, reply["input_tokens"], reply["output_tokens"])
         msg_id, charge = self.state.charge_message(
             model=model, amount=amount, request_id=request_id, metadata=metadata

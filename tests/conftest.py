@@ -66,6 +66,34 @@ def jobs_worker(transactional_db, sandbox):
 
 
 @pytest.fixture(scope="session")
+def smtp_server():
+    """A real SMTP server process (aiosmtpd) for the whole session; `mailbox` empties it for a test."""
+    from tests.support.mail import SmtpProcess
+
+    server = SmtpProcess().start()
+    yield server
+    server.stop()
+    server.cleanup()
+
+
+@pytest.fixture
+def mailbox(smtp_server):
+    smtp_server.clear()
+    return smtp_server
+
+
+@pytest.fixture
+def report_worker(transactional_db, sandbox, mailbox):
+    """A `worker` whose report mail goes to the suite's SMTP server (see the note on workers above)."""
+    from django.conf import settings
+
+    purge_queue(settings.CELERY_BROKER_URL, "jobs")
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 16, "EMAIL_URL": mailbox.url}).start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="session")
 def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
     """The `web` process as the Procfile starts it, for tests that talk HTTP to the real web process
     (hostile input, tenants), on a broker of its own. The web process acts only on requests, never in

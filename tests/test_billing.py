@@ -293,7 +293,7 @@ def test_an_unpriced_call_keeps_its_reservation_as_spent_and_shows_as_unpriced(l
     job = job_of(client)
     ModelPrice.objects.create(model="sandbox/llm", note="price unknown for this test")
     rates.forget_overrides()
-    result = attempts.complete(job, step="chapter-a", model_name="sandbox/llm", system="s",
+    result = attempts.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
                                messages=[{"role": "user", "content": "hello"}], max_tokens=100)
     [attempt] = Attempt.objects.filter(job=job)
     assert result["cost_usd"] is None and attempt.cost_usd is None
@@ -324,7 +324,7 @@ def fanout_recipe() -> Recipe:
         return {"reserved": True}
 
     def unit(ctx, key):
-        return attempts.complete(ctx.job, step=f"unit-{key}", model_name="sandbox/llm", system="s",
+        return attempts.llm_call(ctx.job, step=f"unit-{key}", model_name="sandbox/llm", system="s",
                                  messages=UNIT_MESSAGES, max_tokens=200, pool=f"fanout-{ctx.job.id}")
 
     def join(ctx):
@@ -384,7 +384,7 @@ def test_telemetry_reported_twice_counts_once_and_a_later_cost_fills_it_in(ledge
     job = job_of(client)
     ModelPrice.objects.create(model="sandbox/llm", note="unpriced until the provider reports it")
     rates.forget_overrides()
-    attempts.complete(job, step="chapter-a", model_name="sandbox/llm", system="s",
+    attempts.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
                       messages=[{"role": "user", "content": "hi"}], max_tokens=50)
     [attempt] = Attempt.objects.filter(job=job)
     kept = month_row(client).spent  # unpriced: the whole reservation is spent

@@ -82,7 +82,7 @@ def test_done_step_is_never_rerun(api, ledger, monkeypatch):
     monkeypatch.setattr(executor_services, "provider_for", lambda name: SubmitRaises())
     assert drive(job, "prepare", owner="redelivery") == Continue()
     after = steps(job)
-    for name in ("mark_running", "reserve_budget", "check_output", "submit"):
+    for name in ("mark_running", "check_output", "submit"):
         assert (after[name].status, after[name].result, after[name].attempts) == (
             before[name].status, before[name].result, before[name].attempts)
     monkeypatch.undo()
@@ -106,7 +106,7 @@ def test_stages_run_inline_until_one_has_to_wait(api, ledger):
     assert drive(job, "prepare") == Done()  # the provider answered the submit finished: no wait message
     names = [name for name, row in steps(job).items() if row.status == StepStatus.DONE]
     assert sorted(names) == sorted(
-        ["mark_running", "reserve_budget", "check_output", "submit", "wait", "store_output", "finish"])
+        ["mark_running", "check_output", "submit", "wait", "store_output", "finish"])
     assert [c["kind"] for c in ledger.calls()] == ["submit", "media"]  # no poll was needed
 
 
@@ -237,7 +237,7 @@ def test_sweeper_resumes_at_the_first_unfinished_stage(api):
     job = new_job(api)
     past = timezone.now() - timedelta(minutes=5)
     Job.objects.filter(id=job.id).update(status=JobStatus.RUNNING, lease_until=past)
-    for name in ("mark_running", "reserve_budget", "check_output", "submit"):
+    for name in ("mark_running", "check_output", "submit"):
         Step.objects.create(job=job, run=1, name=name, status=StepStatus.DONE, finished_at=past)
     Step.objects.create(job=job, run=1, name="wait", status=StepStatus.RUNNING, lease_owner="lost-poll",
                         lease_until=past)

@@ -202,13 +202,6 @@ def test_non_json_content_type_is_415(api):
     assert Job.objects.count() == 0
 
 
-def test_report_kind_is_refused_until_reports_land(api):
-    body = {"kind": "report", "models": ["sandbox/llm"], "input": {"subject": {}, "chapters": ["a"], "email": "a@b.c"}}
-    response = api.create(body)
-    assert response.status_code == 422
-    assert "kind" in response.json()["error"]["fields"]
-
-
 # --- reading jobs --------------------------------------------------------------------------------------
 
 

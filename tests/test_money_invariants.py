@@ -60,13 +60,18 @@ def test_two_attempts_with_one_number_are_refused_whatever_their_provider(api):
     assert violated_constraint(refused.value) == "attempt_job_number"
 
 
-def test_two_executions_deciding_on_one_number_send_once(api, ledger, monkeypatch):
+def test_two_executions_deciding_on_one_number_take_two_numbers_and_reserve_once_each(api, ledger, monkeypatch):
+    from billing.models import Reservation
+
     job = new_job(api)
-    attempt_row(job, 1)  # a definite end; both executions decide to pay again, and read the same number
-    monkeypatch.setattr(attempts, "_next_number", lambda job: 1)  # the second one, after the first inserted
-    with pytest.raises(StepRetry, match="attempt_job_number"):
-        attempts._intend(job, "sandbox/video-keyed")
-    assert Attempt.objects.filter(job=job).count() == 1 and ledger.calls() == []
+    attempt_row(job, 1)  # another execution (a sibling step) took number 1 a moment ago ...
+    stale, real = iter([1]), attempts._next_number
+    monkeypatch.setattr(attempts, "_next_number", lambda job: next(stale, None) or real(job))  # ... we read it stale
+    attempt = attempts._intend(job, "sandbox/video-keyed")
+    assert attempt.number == 2 and attempt.upstream_key == f"payonce-{job.id}-2"
+    assert sorted(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1, 2]
+    assert list(Reservation.objects.values_list("key", flat=True)) == [f"payonce-{job.id}-2"]  # no orphan
+    assert ledger.calls() == []
 
 
 # --- attempt_one_out_per_run -----------------------------------------------------------------------------

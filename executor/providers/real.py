@@ -20,7 +20,6 @@ DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 # An LLM answers nothing until its whole text is written (no streaming here): a long chapter takes a minute
 # or two, far past PROVIDER_READ_TIMEOUT_S. Cutting it short would be an unknown outcome that is paid for
 # and then resubmitted, so text calls wait up to 120 s (DESIGN.md, section 7).
-LLM_READ_TIMEOUT_S = 120.0
 
 
 def real_providers_on() -> bool:
@@ -80,7 +79,8 @@ def check_real_providers() -> set[str]:
 def llm_timeout(read_timeout_s: float | None = None) -> tuple[float, float]:
     """(connect, read) timeouts of a text call: the adapter's own read timeout when it was given one,
     otherwise 120 s or PROVIDER_READ_TIMEOUT_S, whichever is longer."""
-    read = read_timeout_s if read_timeout_s is not None else max(settings.PROVIDER_READ_TIMEOUT_S, LLM_READ_TIMEOUT_S)
+    read = read_timeout_s if read_timeout_s is not None else max(settings.PROVIDER_READ_TIMEOUT_S,
+                                                                settings.LLM_READ_TIMEOUT_S)
     return settings.PROVIDER_CONNECT_TIMEOUT_S, read
 
 

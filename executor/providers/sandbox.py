@@ -11,7 +11,7 @@ from executor.providers.base import (
     classify_http_error,
     parse_retry_after,
 )
-from executor.providers import http
+from executor.providers import http, real
 
 
 class SandboxProvider:
@@ -84,7 +84,8 @@ class SandboxProvider:
                  metadata: dict) -> Completion:
         body = {"model": model, "system": system, "messages": messages, "max_tokens": max_tokens,
                 "metadata": metadata, "request_id": upstream_key}
-        data = http.json_answer(self._call("POST", "/v1/messages", json=body))
+        # An LLM call may take long (max_tokens of output): up to LLM_READ_TIMEOUT_S, not a render's 30 s.
+        data = http.json_answer(self._call("POST", "/v1/messages", json=body, timeout=real.llm_timeout()))
         usage = data.get("usage") or {}
         return Completion(
             upstream_id=data["id"],

@@ -1,0 +1,118 @@
+"""Paid orders (DESIGN.md, section 7): a payment becomes one report job, and never two.
+
+1. The order is inserted with ON CONFLICT DO NOTHING, naming no arbiter, so either constraint makes it
+   do nothing: `order_client_payment` (a replay of the same payment id: the same order, or a 409 when
+   its body differs) or `order_one_paid_per_run_product` (a second payment for a run and product that
+   already has a paid order, even one racing it).
+2. The second case is recorded as a `duplicate` of the paid order: no job, and the buyer is emailed
+   the existing link (a task, after commit, once: `mailed_at`).
+3. A paid order creates its report job in the same transaction, under the idempotency key
+   `order:{payment_id}`, so the order and its job exist together or not at all.
+"""
+
+import logging
+import uuid
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from billing.models import Order, OrderStatus
+from jobs.errors import IdempotencyConflict
+
+logger = logging.getLogger(__name__)
+
+_INSERT_SQL = """
+INSERT INTO billing_order (id, client_id, payment_id, run_id, product, input, email, request_hash, status,
+                           job_id, duplicate_of_id, mailed_at, created_at)
+VALUES (%(id)s, %(client)s, %(payment)s, %(run)s, %(product)s, %(input)s, %(email)s, %(hash)s, %(status)s,
+        NULL, %(duplicate_of)s, NULL, now())
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+
+def order_hash(data: dict) -> str:
+    from jobs.services import request_hash
+
+    return request_hash({key: data[key] for key in ("payment_id", "run_id", "product", "input", "email")})
+
+
+def _insert(client, data: dict, digest: str, status: str, duplicate_of=None) -> uuid.UUID | None:
+    params = {"id": uuid.uuid4(), "client": client.id, "payment": data["payment_id"], "run": data["run_id"],
+              "product": data["product"], "email": data["email"], "hash": digest, "status": status,
+              "input": Order._meta.get_field("input").get_db_prep_save(data["input"], connection),
+              "duplicate_of": duplicate_of}
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_SQL, params)
+        found = cursor.fetchone()
+    return found[0] if found else None
+
+
+def order_create(*, client, data: dict) -> tuple[Order, bool]:
+    """A paid order (validated data). Returns (order, created): created False for a replay."""
+    from jobs.services import job_create
+
+    digest = order_hash(data)
+    with transaction.atomic():
+        inserted = _insert(client, data, digest, OrderStatus.PAID)
+        if inserted is None:
+            replay = Order.objects.filter(client=client, payment_id=data["payment_id"]).first()
+            if replay is not None:
+                if replay.request_hash != digest:
+                    raise IdempotencyConflict("This payment_id was already used with a different order.",
+                                              order_id=str(replay.id))
+                return replay, False
+            paid = Order.objects.get(client=client, run_id=data["run_id"], product=data["product"],
+                                     status=OrderStatus.PAID)
+            inserted = _insert(client, data, digest, OrderStatus.DUPLICATE, duplicate_of=paid.id)
+            if inserted is None:  # the same payment id raced us in the meantime: it is a replay
+                return order_create(client=client, data=data)
+            transaction.on_commit(lambda: _mail_duplicate_safely(inserted))
+            return Order.objects.get(id=inserted), True
+        job, _ = job_create(client=client, idempotency_key=f"order:{data['payment_id']}"[:255], data={
+            "kind": "report", "models": [settings.ORDER_REPORT_MODEL],
+            "input": {**data["input"], "email": data["email"]},
+            "policy": {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]},
+            "metadata": {"order_id": str(inserted), "payment_id": data["payment_id"], "run_id": data["run_id"],
+                         "product": data["product"]},
+        })
+        Order.objects.filter(id=inserted).update(job=job)
+        return Order.objects.get(id=inserted), True
+
+
+def _mail_duplicate_safely(order_id) -> None:
+    from billing.tasks import mail_duplicate
+
+    try:
+        mail_duplicate.delay(str(order_id))
+    except Exception:  # the broker is down: the order is recorded; the buyer can ask again
+        logger.exception("could not enqueue the duplicate-order mail for %s", order_id)
+
+
+def duplicate_mail(*, order_id) -> bool:
+    """Email the buyer of a duplicate payment the link of the report their first payment made. Once:
+    conditional on `mailed_at`, set after the mail server took it (a crash between sends it again)."""
+    from jobs.reports import report_mail_link
+
+    order = Order.objects.select_related("duplicate_of").get(id=order_id)
+    if order.mailed_at is not None or order.duplicate_of is None or order.duplicate_of.job_id is None:
+        return False
+    report_mail_link(job_id=order.duplicate_of.job_id, to=order.email,
+                     subject="You already have this report")
+    return bool(Order.objects.filter(id=order.id, mailed_at__isnull=True).update(mailed_at=timezone.now()))
+
+
+def order_as_dict(order: Order) -> dict:
+    from jobs.selectors import own_job
+    from jobs.serializers import job_as_dict
+
+    answer = {"id": str(order.id), "status": order.status, "job_id": str(order.job_id) if order.job_id else None,
+              "duplicate_of": str(order.duplicate_of_id) if order.duplicate_of_id else None,
+              "payment_id": order.payment_id, "run_id": order.run_id, "product": order.product,
+              "created_at": order.created_at.isoformat().replace("+00:00", "Z")}
+    job = own_job(client_id=order.client_id, job_id=order.job_id) if order.job_id else None
+    if job is not None:
+        shown = job_as_dict(job)
+        answer["job"] = {"status": shown["status"], "cost": shown["cost"]}
+    return answer

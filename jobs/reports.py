@@ -1,0 +1,165 @@
+"""State changes of reports (DESIGN.md, section 7): the report row and its chapters, the prompts chapters
+are written from, the signed link, and the delivery mail. Every write is conditional on the state it
+expects: a chapter once done is never written again, a report once sealed stays sealed."""
+
+import hashlib
+import json
+import logging
+
+from django.conf import settings
+from django.core import signing
+from django.core.exceptions import ValidationError
+from django.core.mail import EmailMessage, get_connection
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import ChapterStatus, Report, ReportChapter
+
+logger = logging.getLogger(__name__)
+
+LINK_SALT = "payonce.report-link"
+SYSTEM_PROMPT = (
+    "You write one part of a long personal report. Write in Markdown, plainly and warmly, to the person "
+    "the subject describes. Never invent facts the subject does not give."
+)
+
+
+# --- loading and the checkpoint -------------------------------------------------------------------------
+
+
+def figures_of(subject: dict) -> dict:
+    """What the report keeps of its input after the personal data is purged: the figures it was written
+    from, derived from the subject (a digest, the fields it had, and twelve positions from it)."""
+    digest = hashlib.sha256(json.dumps(subject, sort_keys=True, ensure_ascii=False).encode()).digest()
+    return {"digest": digest.hex()[:16], "fields": sorted(subject), "chart": [b * 360 // 256 for b in digest[:12]]}
+
+
+def report_load(*, job) -> Report:
+    """Save the input onto the report (first, so its figures survive the later purge) and seed the
+    chapter checkpoint: one row per chapter, `pending` unless an earlier run finished it."""
+    data = job.input
+    report, _ = Report.objects.get_or_create(job_id=job.id, defaults={
+        "subject": data["subject"], "email": data["email"], "figures": figures_of(data["subject"]),
+        "chapter_keys": list(data["chapters"]),
+    })
+    ReportChapter.objects.bulk_create(
+        [ReportChapter(report=report, key=key, position=n) for n, key in enumerate(report.chapter_keys)],
+        ignore_conflicts=True,  # report_chapter_key: the chapters an earlier run seeded stay as they are
+    )
+    return report
+
+
+def report_of(job_id) -> Report:
+    return Report.objects.get(job_id=job_id)
+
+
+def chapters_left(report: Report) -> list[str]:
+    return list(report.chapters.exclude(status=ChapterStatus.DONE).values_list("key", flat=True))
+
+
+def done_chapter(report: Report, key: str) -> ReportChapter | None:
+    return report.chapters.filter(key=key, status=ChapterStatus.DONE).first()
+
+
+# --- the prompts (chained in a fixed order: the synthesis, then every chapter from it) ---------------------
+
+
+def _subject_text(report: Report) -> str:
+    return json.dumps(report.subject or {}, sort_keys=True, ensure_ascii=False, indent=1)
+
+
+def synthesis_messages(report: Report) -> list[dict]:
+    return [{"role": "user", "content": f"Subject:\n{_subject_text(report)}\n\nWrite the synthesis: the few "
+                                        "paragraphs every chapter of the report builds on."}]
+
+
+def chapter_messages(report: Report, key: str) -> list[dict]:
+    return [{"role": "user", "content": f"Subject:\n{_subject_text(report)}\n\nSynthesis:\n{report.synthesis}\n\n"
+                                        f"Write the chapter \"{key}\" of the report."}]
+
+
+# --- writing --------------------------------------------------------------------------------------------
+
+
+def synthesis_save(*, report: Report, text: str) -> str:
+    """Keep the synthesis; one already kept wins (it is reused verbatim, never rewritten)."""
+    Report.objects.filter(job_id=report.job_id, synthesis__isnull=True).update(synthesis=text)
+    report.refresh_from_db(fields=["synthesis"])
+    return report.synthesis
+
+
+def chapter_save(*, report: Report, key: str, text: str, run: int, attempt: int) -> str:
+    """The chapter is done. Conditional on it not being done: a chapter once written stays byte for byte
+    as it was (a late duplicate of its step changes nothing). Returns the kept text."""
+    ReportChapter.objects.filter(report=report, key=key).exclude(status=ChapterStatus.DONE).update(
+        status=ChapterStatus.DONE, text=text, error="", run=run, attempt=attempt, done_at=timezone.now())
+    return ReportChapter.objects.get(report=report, key=key).text
+
+
+def chapter_fail(*, report: Report, key: str, error: str) -> None:
+    """The chapter failed this run (never a done one: a sibling's failure discards nothing)."""
+    ReportChapter.objects.filter(report=report, key=key).exclude(status=ChapterStatus.DONE).update(
+        status=ChapterStatus.FAILED, error=error[:2000])
+
+
+def report_seal(*, report: Report) -> bool:
+    """Sealed once; a late duplicate of the seal step changes nothing."""
+    return bool(Report.objects.filter(job_id=report.job_id, sealed_at__isnull=True).update(sealed_at=timezone.now()))
+
+
+# --- reading and the link ------------------------------------------------------------------------------
+
+
+def link_token(job_id) -> str:
+    return signing.dumps({"r": str(job_id)}, salt=LINK_SALT, compress=True)
+
+
+def report_link(job_id) -> str:
+    return f"{settings.PUBLIC_BASE_URL}/r/{link_token(job_id)}"
+
+
+def report_from_token(token: str) -> Report | None:
+    """The report a link names (sealed or still being written), or None: a token that is not ours,
+    tampered with or expired."""
+    try:
+        data = signing.loads(token, salt=LINK_SALT, max_age=settings.REPORT_LINK_MAX_AGE_S)
+    except signing.BadSignature:  # SignatureExpired is one
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("r"), str):
+        return None
+    try:
+        return Report.objects.filter(job_id=data["r"]).first()
+    except (ValueError, ValidationError):
+        return None
+
+
+def chapters_in_order(report: Report) -> list[ReportChapter]:
+    return list(report.chapters.order_by("position"))
+
+
+def as_markdown(report: Report) -> str:
+    parts = [f"# Your report\n\n_Figures: {', '.join(str(n) for n in report.figures.get('chart', []))}_\n"]
+    for chapter in chapters_in_order(report):
+        parts.append(f"## {chapter.key.replace('-', ' ').capitalize()}\n\n{chapter.text}\n")
+    return "\n".join(parts)
+
+
+# --- delivery --------------------------------------------------------------------------------------------
+
+
+def report_mail_link(*, job_id, to: str, subject: str = "Your report is ready") -> None:
+    """Send the report's link to `to` through EMAIL_URL's backend (raises if the mail server cannot take it)."""
+    body = (f"Your report is ready. Read it here:\n\n{report_link(job_id)}\n\n"
+            f"The link works for {settings.REPORT_LINK_MAX_AGE_S // 86400} days.\n")
+    with get_connection(fail_silently=False, timeout=settings.EMAIL_TIMEOUT) as mailer:
+        EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [to], connection=mailer).send()
+
+
+def report_mark_delivered(*, report: Report) -> bool:
+    with transaction.atomic():
+        return bool(Report.objects.filter(job_id=report.job_id, delivered_at__isnull=True).update(
+            delivered_at=timezone.now(), delivery_error=""))
+
+
+def report_delivery_failed(*, report: Report, error: str) -> None:
+    Report.objects.filter(job_id=report.job_id).update(delivery_error=error[:2000])

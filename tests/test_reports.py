@@ -1,0 +1,246 @@
+"""Reports and orders (DESIGN.md, section 7) on real processes: the worker as the Procfile starts it, the
+sandbox's LLM endpoint, and a real SMTP server process. Nothing paid for is paid again."""
+
+import re
+import time
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from billing.models import Order, Reservation
+from executor.models import Attempt
+from jobs.models import Job, Report, ReportChapter
+from tests.support.books import assert_books_balance
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+CHAPTERS = ["sun", "moon", "rising", "venus", "mars", "jupiter", "saturn", "nodes"]
+SUBJECT = {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"}
+
+
+def report_body(chapters=CHAPTERS, **overrides) -> dict:
+    body = {"kind": "report", "models": ["sandbox/llm"],
+            "input": {"subject": SUBJECT, "chapters": list(chapters), "email": "ada@example.com"}}
+    body.update(overrides)
+    return body
+
+
+def wait_ended(api, job_id: str, timeout: float = 60.0, run: int | None = None) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = api.job(job_id)
+        if job["status"] in ("succeeded", "failed", "cancelled", "waiting") and (run is None or job["run"] == run):
+            return job
+        assert time.monotonic() < deadline, f"report {job_id} still {job['status']}: {job.get('chapters')}"
+        time.sleep(0.1)
+
+
+def llm_calls(ledger) -> list[dict]:
+    return [c for c in ledger.calls() if c["kind"] == "submit" and c.get("model") == "llm"]
+
+
+def link_in(mail: dict) -> str:
+    return re.search(r"http://\S+/r/\S+", mail["body"]).group(0)
+
+
+def test_an_eight_chapter_report_is_sealed_mailed_and_read_with_nine_calls_paid_once(report_worker, ledger, api, mailbox):
+    created = api.create(report_body(), key="report-1")
+    assert created.status_code == 201, created.content
+    job = wait_ended(api, created.json()["id"])
+
+    assert job["status"] == "succeeded", job
+    assert [c["key"] for c in job["chapters"]] == CHAPTERS
+    assert all(c["status"] == "done" and len(c["attempts"]) == 1 for c in job["chapters"])
+    # 9 calls: the synthesis and 8 chapters; every one an attempt with its upstream key and derived cost.
+    charges = assert_books_balance(ledger)
+    assert len(charges) == 9 and len(llm_calls(ledger)) == 9
+    attempts = Attempt.objects.filter(job_id=job["id"])
+    assert sorted(a.step for a in attempts) == sorted(["synthesis"] + [f"chapter-{k}" for k in CHAPTERS])
+    assert all(a.cost_source == "derived" for a in attempts)
+    total = sum(Decimal(c["amount_usd"]) for c in charges)
+    assert Decimal(job["cost"]["total_usd"]) == total
+    assert sum(Decimal(c["cost_usd"]) for c in job["chapters"]) + Decimal(
+        attempts.get(step="synthesis").cost_usd) == total
+    assert not Reservation.objects.filter(state="held").exists()
+
+    [mail] = mailbox.wait_for(1)
+    assert mail["to"] == ["ada@example.com"] and "/r/" in mail["body"]
+    page = api.http.get("/r/" + link_in(mail).split("/r/", 1)[1])
+    assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+    html = page.content.decode()
+    positions = [html.index(f'data-chapter="{key}"') for key in CHAPTERS]
+    assert positions == sorted(positions)  # all 8, in order
+
+    markdown = api.get(f"/v1/jobs/{job['id']}/report")
+    assert markdown.status_code == 200 and markdown["Content-Type"].startswith("text/markdown")
+    as_json = api.http.get(f"/v1/jobs/{job['id']}/report", headers={**api.headers(), "Accept": "application/json"})
+    texts = {c["key"]: c["text"] for c in as_json.json()["chapters"]}
+    assert list(texts) == CHAPTERS and all(texts.values())
+    assert Report.objects.get(job_id=job["id"]).delivered_at is not None
+
+
+# --- nothing paid for is paid again -------------------------------------------------------------------------
+
+
+def report_job(api, chapters=CHAPTERS) -> Job:
+    """A report job row as the API writes it, not enqueued: the test drives its stages itself."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    body = report_body(chapters)
+    job_id = uuid.uuid4()
+    return Job.objects.create(
+        id=job_id, client_id=api.client_id, idempotency_key=f"k-{job_id}", request_hash="0" * 64, kind="report",
+        model_chain=body["models"], input=body["input"], policy={"attempts_per_model": 3, "fallback_on": []},
+        output_key=f"reports/{job_id}", metadata={}, lease_until=timezone.now() + timedelta(minutes=10))
+
+
+def drive_report(job) -> list:
+    """Every stage of the report, in process, the way its tasks would run them (fan-out units one by one)."""
+    from jobs import runner, workflow
+
+    outcomes, stage, deadline = [], "prepare", time.monotonic() + 60
+    while stage is not None:
+        assert time.monotonic() < deadline, outcomes[-5:]
+        outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain="c")
+        outcomes.append(outcome)
+        if isinstance(outcome, workflow.Later):
+            time.sleep(min(outcome.countdown, 0.5))
+            continue
+        if isinstance(outcome, workflow.FanOut):
+            resumed = None
+            for key in outcome.keys:
+                while True:
+                    unit = runner.run_substep(job_id=job.id, run=job.run, stage=outcome.stage, key=key, owner=f"u-{key}")
+                    if not isinstance(unit, workflow.Later):
+                        break
+                    time.sleep(min(unit.countdown, 0.5))
+                outcomes.append(unit)
+                resumed = unit if isinstance(unit, workflow.Resume) else resumed
+            stage = workflow.RECIPES["report"].stages[resumed.stage_index].name if resumed else None
+            continue
+        stage = None
+    return outcomes
+
+
+class ProviderThatRefusesRepeats:
+    """The sandbox's LLM, except that being asked for the synthesis or a chapter that is done fails the
+    test (the resume must not ask for them)."""
+
+    def __init__(self, done_keys):
+        from executor.providers.sandbox import SandboxProvider
+
+        self.inner, self.done_keys, self.asked = SandboxProvider(), set(done_keys), []
+
+    def complete(self, model, *, system, messages, max_tokens, upstream_key, metadata):
+        text = messages[-1]["content"]
+        if "Write the synthesis" in text:
+            raise AssertionError("the synthesis was asked for again")
+        key = re.search(r'Write the chapter "([a-z0-9-]+)"', text).group(1)
+        if key in self.done_keys:
+            raise AssertionError(f"chapter {key} was asked for again")
+        self.asked.append(key)
+        return self.inner.complete(model, system=system, messages=messages, max_tokens=max_tokens,
+                                   upstream_key=upstream_key, metadata=metadata)
+
+
+def test_a_resumed_report_asks_only_for_the_missing_chapters_and_keeps_the_rest_byte_identical(
+        api, ledger, monkeypatch, settings):
+    from django.utils import timezone
+
+    from executor import services as executor_services
+    from jobs import reports
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    job = report_job(api)
+    report = reports.report_load(job=job)
+    Report.objects.filter(job_id=job.id).update(synthesis="The synthesis, written before the crash.")
+    kept = {key: f"Chapter {key}, written before the crash. é ✓\n" for key in CHAPTERS[:5]}
+    for key, text in kept.items():
+        ReportChapter.objects.filter(report=report, key=key).update(status="done", text=text, run=1,
+                                                                    done_at=timezone.now())
+    port = ProviderThatRefusesRepeats(kept)
+    monkeypatch.setattr(executor_services, "provider", lambda spec: port)
+
+    drive_report(job)
+
+    job.refresh_from_db()
+    assert job.status == "succeeded", job.error
+    assert sorted(port.asked) == sorted(CHAPTERS[5:])  # only the 3 missing ones
+    chapters = {c.key: c.text for c in ReportChapter.objects.filter(report_id=job.id)}
+    assert all(chapters[key] == text for key, text in kept.items())  # byte for byte
+    assert Report.objects.get(job_id=job.id).synthesis == "The synthesis, written before the crash."
+    assert len(assert_books_balance(ledger)) == 3
+
+
+def test_a_persons_retry_of_a_report_that_failed_on_one_chapter_pays_only_for_that_chapter(
+        report_worker, ledger, api, mailbox):
+    # The synthesis passes (a no-op fault takes the first call); the next call, a chapter, is refused.
+    ledger.faults([{"model": "llm", "action": "delay", "seconds": 0},
+                   {"model": "llm", "action": "status_400", "message": "that chapter is not allowed"}])
+    job_id = api.create(report_body(), key="retry-me").json()["id"]
+    failed = wait_ended(api, job_id)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "CHAPTER_FAILED", failed
+    [refused] = [c for c in failed["chapters"] if c["status"] != "done"]
+    assert failed["error"]["chapters"] == [refused["key"]] and len(refused["attempts"]) == 1  # a 400: no retry
+    calls_run_1 = len(llm_calls(ledger))
+    assert calls_run_1 == 9 and len(ledger.ledger()["charges"]) == 8  # the refusal was not charged
+
+    retried = api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers())
+    assert retried.status_code == 202
+    done = wait_ended(api, job_id, run=2)
+
+    assert done["status"] == "succeeded", done
+    assert len(llm_calls(ledger)) == calls_run_1 + 1  # run 2 called only for the missing chapter
+    run2 = Attempt.objects.filter(job_id=job_id, run=2)
+    assert [a.step for a in run2] == [f"chapter-{refused['key']}"]
+    assert len(assert_books_balance(ledger)) == 9
+    assert len(mailbox.wait_for(1)) == 1
+
+
+def test_a_429_is_tried_again_and_a_400_is_not(api, ledger, settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    job = report_job(api, chapters=["one", "two"])
+    ledger.faults([{"model": "llm", "action": "delay", "seconds": 0},  # the synthesis
+                   {"model": "llm", "action": "status_429", "seconds": 0.2},  # chapter one, first try
+                   {"model": "llm", "action": "delay", "seconds": 0},  # chapter one, second try
+                   {"model": "llm", "action": "status_400"}])  # chapter two: refused, not tried again
+    drive_report(job)
+
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error["code"] == "CHAPTER_FAILED" and job.error["chapters"] == ["two"]
+    one = list(Attempt.objects.filter(job=job, step="chapter-one").values_list("state", "error_class"))
+    two = list(Attempt.objects.filter(job=job, step="chapter-two").values_list("state", "error_class"))
+    assert one == [("failed", "rate_limited"), ("succeeded", None)]
+    assert two == [("failed", "invalid_input")]
+    assert not Report.objects.get(job_id=job.id).sealed_at
+    assert len(assert_books_balance(ledger)) == 2  # the synthesis and chapter one
+
+
+def test_an_empty_answer_fails_its_chapter_and_the_report_is_not_sealed(api, ledger, settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    job = report_job(api, chapters=["one", "two"])
+    ledger.faults([{"model": "llm", "action": "delay", "seconds": 0}, {"model": "llm", "action": "empty"}])
+    drive_report(job)
+
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error["code"] == "CHAPTER_FAILED"
+    statuses = dict(ReportChapter.objects.filter(report_id=job.id).values_list("key", "status"))
+    assert sorted(statuses.values()) == ["done", "failed"]
+    assert Report.objects.get(job_id=job.id).sealed_at is None
+    assert len(assert_books_balance(ledger)) == 3  # the empty answer was paid for, and is on the record
+
+
+def test_a_budget_pre_flight_that_refuses_the_report_makes_no_chapter_call(api, ledger, settings):
+    from jobs.models import Client
+
+    Client.objects.filter(id=api.client_id).update(monthly_cap_usd=Decimal("0.10"))
+    job = report_job(api)
+    drive_report(job)
+
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error["code"] == "BUDGET_EXCEEDED", job.error
+    assert len(llm_calls(ledger)) == 1  # the synthesis only: not one chapter
+    assert not Attempt.objects.filter(job=job, step__startswith="chapter-").exists()
+    assert len(assert_books_balance(ledger)) == 1
