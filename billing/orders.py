@@ -116,3 +116,10 @@ def order_as_dict(order: Order) -> dict:
         shown = job_as_dict(job)
         answer["job"] = {"status": shown["status"], "cost": shown["cost"]}
     return answer
+
+
+def orders_purge(*, job_ids) -> int:
+    """Personal data purged: the orders of these jobs (and their duplicates) keep ids and status only."""
+    paid = Order.objects.filter(job_id__in=job_ids)
+    return (paid.update(input={"purged": True}, email="")
+            + Order.objects.filter(duplicate_of__in=paid).update(input={"purged": True}, email=""))

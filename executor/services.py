@@ -157,3 +157,13 @@ def attempt_telemetry_record(*, job_id, provider: str, number: int, usage: dict 
         if cost_usd is not None:
             billing.resettle(key=attempt.upstream_key, cost=cost_usd)
     return True
+
+
+def attempts_purge_requests(*, job_ids) -> int:
+    """Personal data purged (jobs.reports.reports_purge): what the attempts sent goes (prompts carry the
+    subject); their keys, usage, cost and outcome stay on the record."""
+    purged = 0
+    for attempt in Attempt.objects.filter(job_id__in=job_ids).only("id", "request"):
+        kept = {"metadata": attempt.request.get("metadata"), "purged": True}
+        purged += Attempt.objects.filter(id=attempt.id).update(request=kept, answer=None)
+    return purged

@@ -163,3 +163,31 @@ def report_mark_delivered(*, report: Report) -> bool:
 
 def report_delivery_failed(*, report: Report, error: str) -> None:
     Report.objects.filter(job_id=report.job_id).update(delivery_error=error[:2000])
+
+
+# --- personal data -----------------------------------------------------------------------------------------
+
+
+def reports_purge(*, older_than, dry_run: bool = False) -> list[str]:
+    """Remove the personal input of reports made before `older_than` that have ended: the subject and the
+    email on the report, the job's input, the order's input and email, what the attempts sent (prompts
+    carry the subject), and the job's input in the stored webhook envelopes. The sealed report, its
+    chapters and the figures saved onto it stay readable. Returns the purged job ids."""
+    from billing.orders import orders_purge
+    from executor.services import attempts_purge_requests
+    from jobs.models import Job, OPEN_STATUSES
+    from webhooks.services import deliveries_redact_input
+
+    reports = Report.objects.filter(created_at__lt=older_than, purged_at__isnull=True).exclude(
+        job__status__in=OPEN_STATUSES)
+    job_ids = [str(job_id) for job_id in reports.values_list("job_id", flat=True)]
+    if dry_run or not job_ids:
+        return job_ids
+    with transaction.atomic():
+        for report in Report.objects.filter(job_id__in=job_ids).select_for_update():
+            Job.objects.filter(id=report.job_id).update(input={"chapters": report.chapter_keys, "purged": True})
+        Report.objects.filter(job_id__in=job_ids).update(subject=None, email="", purged_at=timezone.now())
+        attempts_purge_requests(job_ids=job_ids)
+        orders_purge(job_ids=job_ids)
+        deliveries_redact_input(job_ids=job_ids)
+    return job_ids

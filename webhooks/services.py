@@ -390,3 +390,16 @@ def deliveries_replay(*, dead_only: bool = False, since: datetime | None = None,
         delivery_replay(delivery=delivery)
         count += 1
     return count
+
+
+def deliveries_redact_input(*, job_ids) -> int:
+    """Personal data purged: the job's input in the stored envelopes is replaced (a replay sends the
+    redacted envelope, under the same webhook-id)."""
+    redacted = 0
+    for delivery in Delivery.objects.filter(job_id__in=job_ids).only("id", "envelope"):
+        envelope = json.loads(delivery.envelope)
+        if isinstance(envelope.get("data"), dict) and "input" in envelope["data"]:
+            envelope["data"]["input"] = {"purged": True}
+            redacted += Delivery.objects.filter(id=delivery.id).update(
+                envelope=json.dumps(envelope, separators=(",", ":"), cls=DjangoJSONEncoder))
+    return redacted
