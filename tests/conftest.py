@@ -111,6 +111,7 @@ def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
 
 
 WEB_STACK_ENV = {"BROKER_URL": "redis://127.0.0.1:6379/11", "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2,
+                 "SSE_MAX_S": 8,
                  "WORKER_CONCURRENCY": 8}
 
 

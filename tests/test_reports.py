@@ -244,3 +244,95 @@ def test_a_budget_pre_flight_that_refuses_the_report_makes_no_chapter_call(api, 
     assert len(llm_calls(ledger)) == 1  # the synthesis only: not one chapter
     assert not Attempt.objects.filter(job=job, step__startswith="chapter-").exists()
     assert len(assert_books_balance(ledger)) == 1
+
+
+# --- outages and crashes ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mail_outage(transactional_db, sandbox):
+    """A worker whose mail server is not there yet (its port refuses), and the server to start later."""
+    from django.conf import settings
+
+    from tests.conftest import purge_queue
+    from tests.support.mail import SmtpProcess
+    from tests.support.procs import ProcfileProcess
+
+    server = SmtpProcess()
+    purge_queue(settings.CELERY_BROKER_URL, "jobs")
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 16, "EMAIL_URL": server.url,
+                                            "EMAIL_TIMEOUT_S": 2}).start()
+    yield server
+    worker.stop()
+    server.stop()
+    server.cleanup()
+
+
+def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_delivered_once_mail_is_back(
+        mail_outage, ledger, api):
+    job_id = api.create(report_body(CHAPTERS[:2]), key="outage").json()["id"]
+    deadline = time.monotonic() + 30
+    while not Report.objects.filter(job_id=job_id, sealed_at__isnull=False).exclude(delivery_error="").exists():
+        assert time.monotonic() < deadline, "the report did not seal, or delivery was not tried"
+        time.sleep(0.1)
+    assert api.job(job_id)["status"] == "running"  # sealed; delivery waits for the mail server
+    assert api.get(f"/v1/jobs/{job_id}/report").status_code == 200  # and the report is readable
+
+    mail_outage.start()  # mail comes back
+    job = wait_ended(api, job_id, timeout=60)
+
+    assert job["status"] == "succeeded" and job["output"]["delivered"] is True
+    time.sleep(1)
+    assert len(mail_outage.messages()) == 1  # delivered once
+    assert len(assert_books_balance(ledger)) == 3
+
+
+@pytest.fixture
+def report_stack(transactional_db, ledger, mailbox):
+    from tests.support.procs import Stack
+
+    processes = Stack("redis://127.0.0.1:6379/13", EMAIL_URL=mailbox.url, WORKER_CONCURRENCY=16)
+    try:
+        yield processes.start()
+    finally:
+        processes.stop()
+
+
+def test_a_worker_killed_during_the_fan_out_still_seals_and_every_call_is_on_the_record(report_stack, ledger, mailbox):
+    import requests
+
+    from jobs.services import client_create
+
+    ledger.faults([{"model": "llm", "action": "delay", "seconds": 2, "times": 9}])  # every call held 2 s
+    credentials = client_create(name="killed")
+    created = requests.post(f"{report_stack.url}/v1/jobs", json=report_body(), timeout=10,
+                            headers={"Authorization": f"Bearer {credentials['api_key']}", "Idempotency-Key": "kill"})
+    job_id = created.json()["id"]
+    deadline = time.monotonic() + 30
+    while Attempt.objects.filter(job_id=job_id, step__startswith="chapter-", state="submitting").count() < 4:
+        assert time.monotonic() < deadline, "the chapters never went out"
+        time.sleep(0.05)
+
+    report_stack["worker"].kill()  # chapter calls are out: intents committed, answers not back
+    report_stack["worker"].start()
+
+    deadline = time.monotonic() + 90
+    while Job.objects.get(id=job_id).status not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, "the report did not end after the restart"
+        time.sleep(0.2)
+    job = Job.objects.get(id=job_id)
+    assert job.status == "succeeded", job.error
+    assert Report.objects.get(job_id=job_id).sealed_at is not None
+    time.sleep(2.5)  # the calls the dead worker had out land at the provider (held 2 s): let them
+    charges = assert_books_balance(ledger)  # every chapter call on the ledger is on the attempt record
+    uncertain = Attempt.objects.filter(job_id=job_id, state="uncertain")
+    # Extra calls are counted and explained: each one is an attempt the dead worker had out, on the
+    # record as uncertain with its reservation kept as spent, and paid again under the next key.
+    succeeded = Attempt.objects.filter(job_id=job_id, state="succeeded")
+    assert succeeded.count() == 9  # the synthesis and 8 chapters, each paid once by the record
+    by_key = {c["metadata"]["upstream_key"]: c for c in charges}
+    extra = [key for key in by_key if key not in {a.upstream_key for a in succeeded}]
+    assert set(extra) <= {a.upstream_key for a in uncertain}  # never a silent one
+    assert len(charges) == 9 + len(extra) and len(extra) <= uncertain.count()
+    assert uncertain.count() >= 1 and all("died" in a.error for a in uncertain)
+    assert Reservation.objects.filter(key__in=[a.upstream_key for a in uncertain], unpriced=True).count() == uncertain.count()

@@ -112,6 +112,7 @@ class ProcfileProcess:
         if self.alive:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self._reap_group()
 
     def stop(self) -> None:
         if self.alive:
@@ -120,6 +121,24 @@ class ProcfileProcess:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._reap_group()
+
+    def _reap_group(self, timeout: float = 10.0) -> None:
+        """Wait until every process of the group is gone (uvicorn's workers, prefork children): none may
+        still hold a database connection when the suite drops the test database."""
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class Stack:
