@@ -39,6 +39,7 @@ bench: migrate
 	$(BIN)/python bench/executor_overhead.py
 	$(BIN)/python bench/webhooks.py
 	$(BIN)/python bench/budget.py
+	$(BIN)/python bench/report.py
 
 # schemathesis against /v1/schema on a stack of its own: no 5xx, every answer as the schema says.
 fuzz-api: migrate
