@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from billing import selectors
 from billing.services import month_of
 from jobs.errors import InvalidRequest
+from jobs.serializers import ReportInputSerializer, StrictSerializer
 
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 # What the schema says: YYYY-MM from 2000-01 on (parse_month checks the same).
@@ -55,7 +56,7 @@ class SpendView(APIView):
 _VISIBLE = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
-class OrderCreateSerializer(serializers.Serializer):
+class OrderCreateSerializer(StrictSerializer):
     """A paid order: the payment provider's id, the run and product it pays for, the report's input and
     the buyer's email. Unknown fields are errors, like every request body of payonce's."""
 
@@ -65,15 +66,7 @@ class OrderCreateSerializer(serializers.Serializer):
     input = serializers.DictField()
     email = serializers.EmailField(max_length=254)
 
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
-
     def validate(self, attrs):
-        from jobs.serializers import ReportInputSerializer
 
         report_input = {key: value for key, value in attrs["input"].items() if key != "email"}
         checked = ReportInputSerializer(data={**report_input, "email": attrs["email"]})
