@@ -184,6 +184,19 @@ OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip
 REPLICATE_API_TOKEN = env_str("REPLICATE_API_TOKEN", "")
 REPLICATE_BASE_URL = env_str("REPLICATE_BASE_URL", "https://api.replicate.com").rstrip("/")
 
+# Waiting (DESIGN.md, section 9). Polls back off from POLL_INTERVAL_S to POLL_MAX_INTERVAL_S (the first at
+# the provider's expected duration where it says one). Providers that call back are asked to, at
+# PROVIDER_CALLBACK_BASE_URL + /v1/callbacks/<provider> (set it to `off` for none): a callback only wakes
+# the waiting step at once; polling stays the fallback. Each provider's callbacks are verified (Standard
+# Webhooks) with its secret: the sandbox's SANDBOX_CALLBACK_SECRET (the sandbox's own default unless
+# set), Replicate's REPLICATE_WEBHOOK_SECRET (GET /v1/webhooks/default/secret; unset, Replicate is not
+# asked to call back).
+POLL_MAX_INTERVAL_S = env_float("POLL_MAX_INTERVAL_S", 30.0, minimum=0.05)
+PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_URL).rstrip("/")
+SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET",
+                                  "whsec_c2FuZGJveC1jYWxsYmFjay1zZWNyZXQtZm9yLWRldmVsb3BtZW50")
+REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
+
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
 PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")
 
@@ -236,6 +249,12 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.loc
 # The broker is a doorbell: messages carry ids, Postgres holds the truth (DESIGN.md, "Stack").
 
 CELERY_BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
+# A provider callback is acted on once per message id, across web processes: the ids seen are kept in
+# this cache (the broker's Redis unless CACHE_URL names another; in-process memory with a non-Redis broker).
+CACHE_URL = env_str("CACHE_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+CACHES = {"default": (
+    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL, "KEY_PREFIX": "payonce"}
+    if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"})}
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True
 # Step and job rows hold every outcome; storing each task's return value would add a commit per message.

@@ -7,6 +7,7 @@ from jobs import views as job_views
 urlpatterns = [
     path("v1/", include("jobs.urls")),
     path("v1/", include("billing.urls")),
+    path("v1/", include("executor.urls")),
     path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),

@@ -38,7 +38,7 @@ from executor import policy, services
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
 from executor.providers.base import ErrorClass, ProviderError
 from executor.registry import model_spec
-from jobs.outcomes import JobFailure, JobHold, StepRetry
+from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
 from jobs.selectors import job_is_cancelled
 
 logger = logging.getLogger(__name__)
@@ -76,13 +76,17 @@ def submit(job) -> dict:
 # --- the wait step: until the accepted attempt is done ---------------------------------------------------
 
 
-def wait(job) -> dict | None:
-    """Poll the current attempt. None while it runs; its output once it succeeded. An attempt that
-    failed upstream is a definite end: the runner submits the next one (same rules as `submit`).
+def wait(job, *, rung: bool = False) -> dict | None:
+    """Look at the current attempt: its output once it succeeded; NotYet (with when to look again) while
+    it runs; None after an attempt that failed upstream, a definite end: the runner submits the next one
+    (same rules as `submit`).
 
-    Every wait ends (DESIGN.md, section 9): an accepted attempt is waited on for its window (the job's
-    policy.window_s or the provider's own limit, else WAIT_DEADLINE_S), then given up as window_expired.
-    Polls that fail back off, inside the same deadline."""
+    Waiting costs little (DESIGN.md, section 9): the provider is polled on executor.policy's schedule (the
+    first poll at its expected duration where it says one, then growing gaps), and a pass that comes
+    before a poll is due asks nothing, unless the provider `rung` (called back): then it polls at once.
+    Every wait ends: an accepted attempt is waited on for its window (the job's policy.window_s or the
+    provider's own limit, else WAIT_DEADLINE_S), then given up as window_expired. Polls that fail back
+    off, inside the same deadline."""
     current = _latest(job)
     if current is None or current.state != AttemptState.RUNNING:
         if current is not None and current.state == AttemptState.SUCCEEDED:
@@ -98,6 +102,9 @@ def wait(job) -> dict | None:
     if current.request.get("answered_succeeded") and current.request.get("output_url"):
         result_status, output_url, error, error_class = "succeeded", current.request["output_url"], None, None
     else:
+        if not rung and waited <= window and not policy.poll_due(waited_s=waited, expected_s=current.expected_s,
+                                                                  interval_s=settings.POLL_INTERVAL_S):
+            raise NotYet(_next_look(current, waited, window))
         try:
             polled = services.provider(spec).poll(spec.model, current.upstream_id)
         except ProviderError as exc:
@@ -118,13 +125,25 @@ def wait(job) -> dict | None:
             return None  # ended meanwhile (a cancel): the next pass reads what the record says
         return _finished(current)
     if result_status == "running":
-        return _expire(job, current, spec, window) if waited > window else None
+        if waited > window:
+            return _expire(job, current, spec, window)
+        raise NotYet(_next_look(current, waited, window))
     # Accepted, then failed (or cancelled) upstream: a definite end; the number grows.
     _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, money=SETTLE, error_class=error_class or ErrorClass.SERVER_ERROR,
          error=error or f"the render ended {result_status} upstream",
          retry_at=timezone.now() + timedelta(seconds=policy.retry_backoff_s(current.sends, None)), **telemetry)
     submit(job)
     return None
+
+
+# A countdown is a message the broker holds: it must come due well inside the broker's visibility timeout.
+_LONGEST_LOOK_S = settings.BROKER_VISIBILITY_TIMEOUT_S / 2
+
+
+def _next_look(current: Attempt, waited: float, window: float) -> float:
+    return min(policy.next_poll_s(waited_s=waited, expected_s=current.expected_s,
+                                  interval_s=settings.POLL_INTERVAL_S, cap_s=settings.POLL_MAX_INTERVAL_S,
+                                  left_s=window - waited + 0.05), _LONGEST_LOOK_S)
 
 
 def _expire(job, current: Attempt, spec, window: float) -> None:
@@ -485,6 +504,7 @@ def _answered_accepted(attempt: Attempt, submission, started: float | None) -> N
     fields = {
         "state": AttemptState.RUNNING, "upstream_id": submission.upstream_id, "accepted_at": timezone.now(),
         "error_class": None, "error": None, **_telemetry(attempt, submission.cost_usd, submission.usage),
+        "expected_s": submission.expected_s,
     }
     if submission.status == "succeeded" and submission.output_url:
         # The provider answered the submit with the finished work: no poll needed for it.

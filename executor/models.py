@@ -54,6 +54,8 @@ class Attempt(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     submitted_at = models.DateTimeField(null=True, blank=True)  # the latest send
     accepted_at = models.DateTimeField(null=True, blank=True)
+    # How long the provider said the work would take from acceptance: the first poll waits this long.
+    expected_s = models.FloatField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # A definite failure that allows another try says when: back-off with jitter, or the Retry-After.
     retry_at = models.DateTimeField(null=True, blank=True)
@@ -72,6 +74,10 @@ class Attempt(models.Model):
                 fields=["job", "run", "step"], name=ONE_OUT_PER_RUN_CONSTRAINT,
                 condition=Q(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING]),
             ),
+        ]
+        indexes = [
+            # A provider's callback names its generation: the doorbell finds the attempt by it.
+            models.Index(fields=["provider", "upstream_id"], name="attempt_upstream_id"),
         ]
         ordering = ["number"]
 

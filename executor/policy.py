@@ -94,3 +94,30 @@ def poll_retry_s(poll_errors: int, *, poll_interval_s: float, left_s: float) -> 
     the attempt's deadline (the pass at the deadline ends the attempt)."""
     wait = backoff_s(poll_errors, base=poll_interval_s, cap=POLL_BACKOFF_MAX_S)
     return max(min(wait, left_s), 0.05)
+
+
+def next_poll_s(*, waited_s: float, expected_s: float | None, interval_s: float, cap_s: float,
+                left_s: float) -> float:
+    """How long until the next poll of an accepted attempt that has been waited on for `waited_s`
+    (DESIGN.md, section 9: waiting costs little). Stateless, from the clock alone, so it costs no write:
+
+    - before the provider's expected duration (where it says one): at that duration;
+    - past it (or with none said): as long as the render has run over already, at least `interval_s`
+      and at most `cap_s`, so the gaps double: with a 2 s interval and no expected duration, a 60 s
+      render is polled at 2, 4, 8, 16, 32 and 62 s;
+    - never past the attempt's deadline (`left_s`): the pass at the deadline ends the attempt.
+    """
+    if expected_s and waited_s < expected_s:
+        wait = expected_s - waited_s
+    else:
+        over = waited_s - (expected_s or 0.0)
+        wait = min(max(over, interval_s), cap_s)
+    return max(min(wait, left_s), 0.05)
+
+
+def poll_due(*, waited_s: float, expected_s: float | None, interval_s: float) -> bool:
+    """Whether a pass of the wait step should ask the provider now: not before the expected duration (or,
+    with none said, one poll interval), unless the provider rang (a callback), which the caller checks
+    first. A pass that comes early (the stage run inline right after the submit) schedules the first
+    poll instead. A little early counts as due: timers fire a few milliseconds either side."""
+    return waited_s >= (expected_s or interval_s) * 0.98

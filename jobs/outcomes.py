@@ -27,3 +27,12 @@ class StepRetry(Exception):
         super().__init__(reason)
         self.reason = reason
         self.countdown = countdown
+
+
+class NotYet(Exception):
+    """A waiting step's work is not done yet (a render still running): look again after `countdown`
+    seconds. Not a retry: nothing failed, the schedule (executor.policy.next_poll_s) said when."""
+
+    def __init__(self, countdown: float):
+        super().__init__(f"not done; next look in {countdown:.1f}s")
+        self.countdown = countdown

@@ -42,7 +42,7 @@ def submit(ctx) -> dict:
 def wait(ctx) -> dict | None:
     if ctx.result("submit").get("skipped"):
         return {"skipped": True}
-    return attempts.wait(ctx.job)
+    return attempts.wait(ctx.job, rung=ctx.rung)
 
 
 def store_output(ctx) -> dict:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
 from jobs.models import JobStatus, StepStatus
-from jobs.outcomes import JobFailure, JobHold, StepRetry
+from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
 from jobs.steps import (
     StepContext,
     StepRow,
@@ -52,14 +52,14 @@ class _LostRace(Exception):
 # --- entry points ------------------------------------------------------------------------------------------
 
 
-def _load(job_id, run: int, owner: str, chain: str | None) -> tuple[StepContext | None, Stop | None]:
+def _load(job_id, run: int, owner: str, chain: str | None, rung: bool = False) -> tuple[StepContext | None, Stop | None]:
     """The job and its current run's steps; or why this execution has nothing to do."""
     job = selectors.job_with_steps(job_id)
     if job is None:
         return None, Stop("no such job")
     if job.run != run:
         return None, Stop(f"run {run} was replaced by run {job.run}")
-    ctx = StepContext(job=job, task_id=owner, chain=chain or owner)
+    ctx = StepContext(job=job, task_id=owner, chain=chain or owner, rung=rung)
     for row in job.step_rows:
         lease_until = datetime.fromisoformat(row["lease_until"]) if row["lease_until"] else None
         ctx.rows[row["name"]] = StepRow(**{**row, "lease_until": lease_until})
@@ -77,11 +77,12 @@ def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
     return stop
 
 
-def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None):
+def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None, rung: bool = False):
     """Run a stage of a job's run, then the stages after it, inline, for as long as none has to wait: a
     render the provider finished at submit needs no message to wait for it. Answers with an outcome of
-    jobs.workflow (its table says what each means for the chain)."""
-    ctx, stop = _load(job_id, run, owner, chain)
+    jobs.workflow (its table says what each means for the chain). `rung`: a provider called back, so a
+    waiting step looks now rather than on its schedule."""
+    ctx, stop = _load(job_id, run, owner, chain, rung)
     if stop:
         return _stopped(ctx, stop)
     recipe = RECIPES[ctx.job.kind]
@@ -93,7 +94,7 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
         if isinstance(outcome, Later) and index > first:
             # A later stage has to wait: hand it over. The chain's next link is that stage, sent with
             # a countdown; a stage further on is resumed with a chain of its own.
-            return Continue() if index == first + 1 else Resume(ctx.job.kind, index, outcome.countdown)
+            return Continue(outcome.countdown) if index == first + 1 else Resume(ctx.job.kind, index, outcome.countdown)
         return outcome
     return Done()
 
@@ -256,9 +257,14 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
             result = spec.fn(ctx)
         except StepRetry as retry:
             return _back_off(ctx, row, retry, owner=ctx.chain)
+        except NotYet as not_yet:  # the next look is scheduled (executor.policy.next_poll_s)
+            result, countdown = None, not_yet.countdown
+        else:
+            countdown = settings.POLL_INTERVAL_S
     if result is None:
-        step_renew_lease(row.id, ctx.chain, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S)
-        return Later(settings.POLL_INTERVAL_S)
+        # The lease covers the pause: the sweeper tells a live poller from a lost one by it.
+        step_renew_lease(row.id, ctx.chain, countdown + settings.STEP_LEASE_S)
+        return Later(countdown)
     return _record_done(ctx, spec, row, ctx.chain, result)
 
 

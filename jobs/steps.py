@@ -58,6 +58,7 @@ class StepContext:
     chain: str
     owner: str = ""
     rows: dict[str, StepRow] = field(default_factory=dict)
+    rung: bool = False  # a provider called back: a waiting step looks now (executor.callbacks)
 
     def __post_init__(self):
         self.owner = self.owner or f"{self.task_id}#{uuid.uuid4().hex[:8]}"

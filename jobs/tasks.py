@@ -5,24 +5,27 @@ Messages carry ids only; the rows say what to do. Every task is safe to deliver 
 
 import logging
 
-from celery import group, shared_task
-from django.conf import settings
+from celery import group, shared_task, signature
 
 from jobs import runner, sweeper, workflow
 
 logger = logging.getLogger(__name__)
 
 
-def start_run(job_id, run: int, kind: str = "media", from_stage: int = 0, countdown: float = 0.0) -> None:
-    """Enqueue the chain of a run's stages from `from_stage`, one link per stage. A link whose stage
-    polls waits a poll interval: the link before it polled once already. A link finds its steps done
-    when an earlier link ran its stage inline, and the link that runs the last stage ends the chain."""
+def start_run(job_id, run: int, kind: str = "media", from_stage: int = 0, countdown: float = 0.0, *,
+              root_id: str | None = None, rung: bool = False) -> None:
+    """Enqueue the chain of a run's stages from `from_stage`, one link per stage. A link finds its steps
+    done when an earlier link ran its stage inline, and the link that runs the last stage ends the chain.
+    A link whose stage waits is sent when its first look is due (Continue's countdown).
+
+    `root_id` sends the chain as part of an existing one (the chain holding a polling lease), and `rung`
+    says a provider called back: the waiting stage looks at once (executor.callbacks)."""
     first, *rest = workflow.RECIPES[kind].stages[from_stage:]
     links = [run_stage.si(str(job_id), run, stage.name) for stage in rest]
-    links = [link.set(countdown=settings.POLL_INTERVAL_S) if stage.waits else link for link, stage in zip(links, rest)]
     # The chain travels in the first message (Celery's own `chain` field, links in reverse order), as
     # canvas.chain would send it, without freezing every link up front: this runs in every POST.
-    run_stage.apply_async((str(job_id), run, first.name), countdown=countdown or None,
+    run_stage.apply_async((str(job_id), run, first.name), {"rung": True} if rung else None,
+                          countdown=countdown or None, root_id=root_id,
                           chain=[dict(link) for link in reversed(links)] or None)
 
 
@@ -35,8 +38,10 @@ def _follow(task, outcome, job_id: str, run: int) -> None:
     nor Ignore is raised: each costs a formatted traceback, which is more CPU than a whole fast job; the
     same effects are had directly."""
     if isinstance(outcome, workflow.Continue):
-        return  # the chain's next link runs the next stage
-    if isinstance(outcome, workflow.Later):
+        if outcome.countdown <= 0 or not task.request.chain:
+            return  # the chain's next link runs the next stage now
+        _send_next(task, outcome.countdown)
+    elif isinstance(outcome, workflow.Later):
         _send_again(task, outcome.countdown)
     elif isinstance(outcome, workflow.FanOut):
         group(run_substep.si(job_id, run, outcome.stage, key) for key in outcome.keys).apply_async()
@@ -47,14 +52,26 @@ def _follow(task, outcome, job_id: str, run: int) -> None:
 
 def _send_again(task, countdown: float) -> None:
     """What task.retry() does: send this very task again after `countdown`, with its id (the lease owner)
-    and the rest of its chain, which this execution then does not continue."""
-    task.signature_from_request(countdown=countdown, retries=task.request.retries + 1).apply_async()
+    and the rest of its chain, which this execution then does not continue. A doorbell (`rung`) rang
+    once: the pass sent again looks on its schedule."""
+    again = task.signature_from_request(countdown=countdown, retries=task.request.retries + 1)
+    again.kwargs.pop("rung", None)
+    again.apply_async()
+
+
+def _send_next(task, countdown: float) -> None:
+    """What Celery does with a chain when a task returns, but after `countdown`: the next link, carrying
+    the rest of the chain, in the same chain (root id)."""
+    chain = list(task.request.chain)
+    signature(chain.pop(), app=task.app).apply_async(
+        countdown=countdown, chain=chain or None, parent_id=task.request.id,
+        root_id=task.request.root_id or task.request.id)
 
 
 @shared_task(name="jobs.run_stage", bind=True, max_retries=None)
-def run_stage(self, job_id: str, run: int, stage: str):
+def run_stage(self, job_id: str, run: int, stage: str, rung: bool = False):
     outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
-                               chain=self.request.root_id)
+                               chain=self.request.root_id, rung=rung)
     return _follow(self, outcome, job_id, run)
 
 

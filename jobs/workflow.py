@@ -8,13 +8,13 @@ out (parallel sub-steps).
 
 The contract between the runner and the chain (jobs.tasks.start_run and jobs.tasks._follow), in one
 place. `start_run` sends one message for a run's first stage and carries the later stages as the links
-of Celery's own `chain` field; a link whose stage polls is sent with a countdown of POLL_INTERVAL_S.
+of Celery's own `chain` field.
 `runner.run_stage` runs its stage and then the following stages inline, for as long as none has to wait,
 and answers:
 
 | answer | the runner means | the task does |
 | --- | --- | --- |
-| `Continue` | a later stage has to wait; it is the chain's next link | nothing: Celery sends the next link (with its countdown) |
+| `Continue(countdown)` | a later stage has to wait `countdown` s (its first poll is not due); it is the chain's next link | sends the chain's next link with that countdown (the rest of the chain with it), and drops the chain here |
 | `Done` | the run went through its last stage | drops the rest of the chain (those links would find their steps done) |
 | `Stop(reason)` | nothing more for this chain: the job ended, moved to another run, or someone else carries it | drops the rest of the chain |
 | `Later(countdown)` | run this same stage again after a pause (a poll, a back-off, a lease held elsewhere) | sends this very task again after `countdown`, with the rest of its chain, and drops the chain here |
@@ -65,8 +65,7 @@ class Stage:
 
     @property
     def waits(self) -> bool:
-        """A stage that polls: as a later link of a chain it is sent with a countdown (the stage before
-        it already polled once, inline)."""
+        """A stage that polls (a provider's callback wakes it: executor.callbacks)."""
         return any(spec.effect is Effect.WAIT for spec in self.steps)
 
     def step_names(self) -> list[str]:
@@ -82,6 +81,10 @@ class Recipe:
     def index(self, stage_name: str) -> int:
         return next(i for i, stage in enumerate(self.stages) if stage.name == stage_name)
 
+    def waiting_stage(self) -> int:
+        """The index of the stage that polls (the one a provider's callback wakes)."""
+        return next(i for i, stage in enumerate(self.stages) if stage.waits)
+
 
 RECIPES: dict[str, Recipe] = {}
 
@@ -96,7 +99,9 @@ def recipe_register(recipe: Recipe) -> Recipe:
 
 @dataclass(frozen=True)
 class Continue:
-    """The stage is done, and the next one has to wait: the chain's next link runs it."""
+    """The stage is done, and the next one has to wait `countdown` seconds: the chain's next link runs it."""
+
+    countdown: float = 0.0
 
 
 @dataclass(frozen=True)

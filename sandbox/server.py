@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
 from . import catalog
+from .callbacks import Caller
 from .state import CancelRefused, IdempotencyConflict, State, generation_status, iso
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -42,6 +43,7 @@ FAULT_ACTIONS = frozenset(
         "crash_after_accept",
         "fail_render",
         "empty",
+        "drop_callback",
     }
 )
 FAULT_ONS = frozenset({"submit", "poll", "cancel", "upload", "lookup", "media"})
@@ -83,6 +85,45 @@ class SandboxServer(ThreadingHTTPServer):
     def __init__(self, address, state: State):
         super().__init__(address, Handler)
         self.state = state
+        self.callbacks = Caller(self._callback_view)
+
+    def _callback_view(self, generation_id: str, base_url: str) -> dict | None:
+        gen = self.state.get_generation(generation_id)
+        return generation_view(self.state, gen, base_url) if gen is not None else None
+
+
+def generation_view(state: State, gen: dict, base_url: str) -> dict:
+    """A generation as GET /v1/generations/{id} answers it (and as a callback carries it)."""
+    status, completed_at = generation_status(gen, time.time())
+    model = catalog.MODELS[gen["model"]]
+    output = None
+    error = None
+    if status == "succeeded":
+        size, sha = state.media_digest(gen)
+        output = {
+            "url": f"{base_url}/v1/generations/{gen['id']}/media",
+            "content_type": model.content_type,
+            "bytes": size,
+            "sha256": sha,
+        }
+    elif status == "failed":
+        error = {"type": "render_failed", "message": gen["fail_message"]}
+    return {
+        "id": gen["id"],
+        "model": gen["model"],
+        "status": status,
+        "request_id": gen["request_id"],
+        "metadata": gen["metadata"],
+        "created_at": iso(gen["created_at"]),
+        "completed_at": iso(completed_at) if completed_at is not None else None,
+        # How long the render is expected to take from created_at: a poller's first look (DESIGN.md 9).
+        # `params.expected_s` makes the sandbox say another figure (null: none), for tests of a render
+        # that finishes early, late, or without a word.
+        "expected_s": gen["params"].get("expected_s", gen["render_s"]),
+        "cost_usd": gen["cost_usd"],
+        "output": output,
+        "error": error,
+    }
 
 
 # -- validation helpers --------------------------------------------------------------------------
@@ -123,6 +164,9 @@ def _render_params(params: dict) -> dict:
             raise _invalid(f"params.size_bytes must be an integer between 0 and {catalog.MAX_SIZE_BYTES}")
     if "fail_render" in params and not isinstance(params["fail_render"], str):
         raise _invalid("params.fail_render must be a string")
+    if "expected_s" in params and params["expected_s"] is not None and (
+            not _is_number(params["expected_s"]) or params["expected_s"] < 0):
+        raise _invalid("params.expected_s must be a number >= 0 or null")
     return params
 
 
@@ -186,8 +230,8 @@ def _validate_faults(body) -> list[dict]:
         on = raw.get("on", "submit")
         if on not in FAULT_ONS:
             raise _invalid(f"{where}.on must be one of {', '.join(sorted(FAULT_ONS))}")
-        if action == "fail_render" and (on != "submit" or model == "llm"):
-            raise _invalid(f"{where}: fail_render applies to generation submits only")
+        if action in ("fail_render", "drop_callback") and (on != "submit" or model == "llm"):
+            raise _invalid(f"{where}: {action} applies to generation submits only")
         if action == "empty" and (on != "submit" or model not in ("llm", "*")):
             raise _invalid(f"{where}: empty applies to LLM calls only")
         faults.append(
@@ -398,32 +442,7 @@ class Handler(BaseHTTPRequestHandler):
         return f"http://{host}"
 
     def _generation_view(self, gen: dict) -> dict:
-        status, completed_at = generation_status(gen, time.time())
-        model = catalog.MODELS[gen["model"]]
-        output = None
-        error = None
-        if status == "succeeded":
-            size, sha = self.state.media_digest(gen)
-            output = {
-                "url": f"{self._base_url()}/v1/generations/{gen['id']}/media",
-                "content_type": model.content_type,
-                "bytes": size,
-                "sha256": sha,
-            }
-        elif status == "failed":
-            error = {"type": "render_failed", "message": gen["fail_message"]}
-        return {
-            "id": gen["id"],
-            "model": gen["model"],
-            "status": status,
-            "request_id": gen["request_id"],
-            "metadata": gen["metadata"],
-            "created_at": iso(gen["created_at"]),
-            "completed_at": iso(completed_at) if completed_at is not None else None,
-            "cost_usd": gen["cost_usd"],
-            "output": output,
-            "error": error,
-        }
+        return generation_view(self.state, gen, self._base_url())
 
     def _find_generation(self, gen_id: str) -> dict:
         gen = self.state.get_generation(gen_id)
@@ -457,6 +476,9 @@ class Handler(BaseHTTPRequestHandler):
         params = _optional_object(body, "params") or {}
         metadata = _optional_object(body, "metadata")
         request_id = _optional_string(body, "request_id")
+        callback_url = _optional_string(body, "callback_url")
+        if callback_url is not None and not callback_url.startswith(("http://", "https://")):
+            raise _invalid("callback_url must be an http(s) URL")
         model = catalog.MODELS.get(model_id)
         if model is None:
             raise ApiError(404, "model_not_found", f"no model {model_id!r}")
@@ -476,6 +498,7 @@ class Handler(BaseHTTPRequestHandler):
                 request_id=request_id,
                 metadata=metadata,
                 fail_message=fail_message,
+                callback_url=callback_url,
             )
         except IdempotencyConflict as exc:
             raise ApiError(
@@ -485,6 +508,10 @@ class Handler(BaseHTTPRequestHandler):
                 generation_id=exc.generation_id,
             ) from None
         self.result_id = gen["id"]
+        dropped = fault is not None and fault["action"] == "drop_callback"
+        if created and callback_url and not dropped:  # a replay's callback is the first submit's
+            self.server.callbacks.schedule(gen["id"], callback_url, self._base_url(),
+                                           gen["created_at"] + gen["render_s"])
         headers = {} if created else {"Idempotent-Replayed": "true"}
         return Response(202, self._generation_view(gen), headers=headers)
 
@@ -530,6 +557,8 @@ class Handler(BaseHTTPRequestHandler):
             gen = self.state.cancel_generation(gen_id)
         except CancelRefused as exc:
             raise ApiError(409, "conflict", f"generation {gen_id} already {exc.status}") from None
+        if gen.get("callback_url"):
+            self.server.callbacks.schedule(gen_id, gen["callback_url"], self._base_url(), time.time())
         return Response(200, self._generation_view(gen))
 
     def generation_media(self, gen_id: str):
@@ -589,7 +618,7 @@ class Handler(BaseHTTPRequestHandler):
             raise _invalid(f"model {model_id} is rendered by POST /v1/generations")
 
         # fail_render has no meaning for a synchronous call: such faults wait for a generation.
-        fault = self._begin("submit", skip_actions=frozenset({"fail_render"}))
+        fault = self._begin("submit", skip_actions=frozenset({"fail_render", "drop_callback"}))
         reply = catalog.llm_reply(system, messages, max_tokens)
         if fault is not None and fault["action"] == "empty":
             reply = {**reply, "text": "", "output_tokens": 0}  # answered (and charged for its input), empty
@@ -647,8 +676,12 @@ class Handler(BaseHTTPRequestHandler):
         faults = _validate_faults(self._json_body())
         return Response(200, {"faults": self.state.add_faults(faults)})
 
+    def control_callbacks(self):
+        return Response(200, {"callbacks": self.server.callbacks.log()})
+
     def control_reset(self):
         self.state.reset()
+        self.server.callbacks.reset()
         return Response(200, {"ok": True})
 
 
@@ -668,6 +701,7 @@ ROUTES = [
         (r"/ledger", {"GET": "ledger"}),
         (r"/control/calls", {"GET": "control_calls"}),
         (r"/control/faults", {"GET": "control_faults_list", "POST": "control_faults_add"}),
+        (r"/control/callbacks", {"GET": "control_callbacks"}),
         (r"/control/reset", {"POST": "control_reset"}),
     )
 ]

@@ -264,6 +264,7 @@ class State:
         request_id: str | None,
         metadata,
         fail_message: str | None,
+        callback_url: str | None = None,
     ) -> tuple[dict, bool]:
         """Accept a render and charge for it; (generation, created).
 
@@ -298,6 +299,7 @@ class State:
                 "created_at": now,
                 "render_s": float(params.get("render_s", catalog.DEFAULT_RENDER_S)),
                 "fail_message": fail_message,
+                "callback_url": callback_url,
                 "cancelled_at": None,
                 "charge_id": charge_id,
                 "cost_usd": amount,

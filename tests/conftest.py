@@ -119,7 +119,8 @@ WEB_STACK_ENV = {"BROKER_URL": "redis://127.0.0.1:6379/11", "REQUEST_BODY_TIMEOU
 def web_worker(transactional_db, web_stack):
     """A `worker` for the jobs `web_stack` takes, belonging to this test (see above)."""
     purge_queue(WEB_STACK_ENV["BROKER_URL"], "jobs")
-    worker = ProcfileProcess("worker", WEB_STACK_ENV).start()
+    # Providers that call back are asked to call this stack's web process (executor.callbacks).
+    worker = ProcfileProcess("worker", {**WEB_STACK_ENV, "PROVIDER_CALLBACK_BASE_URL": web_stack.url}).start()
     yield worker
     worker.stop()
 

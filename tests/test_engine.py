@@ -72,15 +72,17 @@ class SubmitRaises:
 
 def test_done_step_is_never_rerun(api, ledger, monkeypatch):
     job = new_job(api, input={"prompt": "a lighthouse", "render_s": 1.5})
-    # The prepare stage runs, then polls once inline: the render is not finished, the chain goes on.
-    assert drive(job, "prepare") == Continue()
+    # The prepare stage runs, then the wait stage inline: the render's expected 1.5 s have not passed,
+    # so it asks nothing and the chain's next link is sent when the first poll is due.
+    outcome = drive(job, "prepare")
+    assert isinstance(outcome, Continue) and 1.0 < outcome.countdown <= 1.5
     before = steps(job)
     assert before["submit"].status == StepStatus.DONE
-    assert [c["kind"] for c in ledger.calls()] == ["submit", "poll"]
+    assert [c["kind"] for c in ledger.calls()] == ["submit"]
 
     # Deliver the same stage task again with a provider port that raises if asked to submit.
     monkeypatch.setattr(executor_services, "provider_for", lambda name: SubmitRaises())
-    assert drive(job, "prepare", owner="redelivery") == Continue()
+    assert isinstance(drive(job, "prepare", owner="redelivery"), Continue)
     after = steps(job)
     for name in ("mark_running", "check_output", "submit"):
         assert (after[name].status, after[name].result, after[name].attempts) == (

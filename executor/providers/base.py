@@ -96,6 +96,7 @@ class Submission:
     error: str | None = None
     usage: Usage | None = None
     raw: dict = field(default_factory=dict)
+    expected_s: float | None = None  # how long the provider expects the work to take, where it says
 
 
 @dataclass

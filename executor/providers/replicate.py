@@ -20,6 +20,7 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 
+from executor import callbacks
 from executor.providers import http, real
 from executor.providers.base import (
     Capabilities,
@@ -92,6 +93,10 @@ class ReplicateProvider(real.RealAdapter):
         # Replicate keeps neither an idempotency key nor metadata: neither upstream_key nor metadata is sent.
         owner_name, version = split_model(model)
         body = {"input": prediction_input(prompt, params, inputs)}
+        webhook = callbacks.callback_url(self.name)
+        if webhook:
+            # A doorbell when the prediction ends (DESIGN.md, section 9); polling stays the fallback.
+            body.update(webhook=webhook, webhook_events_filter=["completed"])
         if version:
             body["version"] = version
             url = self._api("/predictions")

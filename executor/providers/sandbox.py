@@ -11,7 +11,12 @@ from executor.providers.base import (
     classify_http_error,
     parse_retry_after,
 )
+from executor import callbacks
 from executor.providers import http, real
+
+
+def _seconds(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 
 class SandboxProvider:
@@ -40,7 +45,7 @@ class SandboxProvider:
         return Submission(
             upstream_id=data["id"], status=data.get("status", "running"), cost_usd=data.get("cost_usd"),
             output_url=(data.get("output") or {}).get("url"), error=(data.get("error") or {}).get("message"),
-            raw=data,
+            raw=data, expected_s=_seconds(data.get("expected_s")),
         )
 
     def upload_input(self, model: str, payload: bytes, content_type: str) -> str:
@@ -52,6 +57,9 @@ class SandboxProvider:
         if inputs:
             params = {**params, "inputs": inputs}
         body = {"model": model, "request_id": upstream_key, "prompt": prompt, "params": params, "metadata": metadata}
+        callback_url = callbacks.callback_url(self.name)
+        if callback_url:
+            body["callback_url"] = callback_url  # a doorbell: polling stays the fallback (DESIGN.md, 9)
         return self._submission(http.json_answer(self._call("POST", "/v1/generations", json=body)))
 
     def poll(self, model: str, upstream_id: str) -> PollResult:

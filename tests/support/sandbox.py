@@ -148,3 +148,7 @@ class SandboxProcess:
 
     def pending_faults(self) -> list[dict]:
         return self._get("/control/faults")["faults"]
+
+    def callbacks(self) -> list[dict]:
+        """The callbacks the sandbox has sent (each try, with the status it got back)."""
+        return self._get("/control/callbacks")["callbacks"]
