@@ -75,7 +75,7 @@ def verify(provider: str, body: bytes, headers) -> tuple[str, str]:
 
 
 _FIND_SQL = f"""
-SELECT a.job_id, a.state, a.run = j.run, j.status, j.kind, j.run, w.status, w.lease_owner, s.status
+SELECT a.job_id, a.upstream_key, a.state, a.run = j.run, j.status, j.kind, j.run, w.status, w.lease_owner, s.status
   FROM executor_attempt a
   JOIN jobs_job j ON j.id = a.job_id
   LEFT JOIN jobs_step w ON w.job_id = a.job_id AND w.run = a.run AND w.name = %(wait)s
@@ -99,7 +99,7 @@ def ring(provider: str, body: bytes, headers) -> Answer:
         found = cursor.fetchone()
     if found is None:
         return Answer(404, "CALLBACK_UNKNOWN_GENERATION", "No attempt of ours has that generation.")
-    job_id, attempt_state, current_run, job_status, kind, run, wait_status, wait_owner, submit_status = found
+    job_id, key, attempt_state, current_run, job_status, kind, run, wait_status, wait_owner, submit_status = found
     if attempt_state != AttemptState.RUNNING or not current_run or job_status != JobStatus.RUNNING:
         return Answer(200, "ended", "Nothing waits on that generation any more.")
     if wait_status is None and submit_status != StepStatus.DONE:
@@ -108,8 +108,9 @@ def ring(provider: str, body: bytes, headers) -> Answer:
     if wait_status not in (None, StepStatus.RUNNING):
         return Answer(200, "ended", "The wait is over.")
     # Closes the race of two deliveries of one message (a provider's retry crossing our answer, two web
-    # processes): the message id is taken once, atomically, and only the taker wakes the step.
-    if not cache.add(f"callback:{provider}:{message_id}", 1, timeout=SEEN_TTL_S):
+    # processes): the message id is taken once, atomically, and only the taker wakes the step. Scoped
+    # by the attempt's upstream key: a provider's ids are its own, ours are unique across every job.
+    if not cache.add(f"callback:{provider}:{key}:{message_id}", 1, timeout=SEEN_TTL_S):
         return Answer(200, "duplicate", "That message was taken already.")
     stage = workflow.RECIPES[kind].waiting_stage()
     # The wake runs the waiting stage under the chain that holds its polling lease (so it takes the

@@ -8,6 +8,7 @@ render's, so a test can tell a job woken by its callback from one that waited fo
 
 import json
 import time
+import uuid
 from datetime import datetime, timezone
 
 import pytest
@@ -41,8 +42,9 @@ def polls_of(ledger, job_id: str) -> list[dict]:
             and c["model"]]
 
 
-def signed(body: dict, *, secret: str = settings.SANDBOX_CALLBACK_SECRET, message_id: str = "msg-1",
+def signed(body: dict, *, secret: str = settings.SANDBOX_CALLBACK_SECRET, message_id: str | None = None,
            at: datetime | None = None) -> tuple[str, dict]:
+    message_id = message_id or f"msg-{uuid.uuid4()}"
     text = json.dumps(body)
     at = at or datetime.now(timezone.utc)
     headers = {"Content-Type": "application/json", "webhook-id": message_id,
@@ -106,7 +108,7 @@ def test_a_callback_after_the_job_ended_changes_nothing(api, ledger, web_stack):
     before = (attempt.state, attempt.finished_at, attempt.cost_usd)
     calls = len(ledger.calls())
 
-    body, headers = signed({"id": attempt.upstream_id, "status": "succeeded"}, message_id="late-1")
+    body, headers = signed({"id": attempt.upstream_id, "status": "succeeded"}, message_id=f"late-{uuid.uuid4()}")
     answer = call_back(web_stack, body, headers)
 
     assert (answer.status_code, answer.json()) == (200, {"status": "ended"})
@@ -146,7 +148,7 @@ def test_forged_old_unknown_and_repeated_callbacks_change_nothing_and_get_a_4xx(
     assert attempt.state == "running"
 
     # A genuine message wakes the step once; its repeat (the same webhook-id) is taken as seen.
-    body, headers = signed(payload, message_id="genuine-1")
+    body, headers = signed(payload, message_id=f"genuine-{uuid.uuid4()}")
     first = call_back(web_stack, body, headers)
     repeat = call_back(web_stack, body, headers)
     assert (first.status_code, first.json()) == (202, {"status": "rung"})
