@@ -54,11 +54,16 @@ def next_month(month: date) -> date:
 # The client's cap: its own, else BUDGET_MONTHLY_CAP_USD. Read in the same statement as the check.
 _CAP = "coalesce((SELECT monthly_cap_usd FROM jobs_client WHERE id = %(client)s), %(default_cap)s)"
 
+# Nothing is reserved for a cancelled job: an API cancel is final, and read in the statement that would
+# reserve (and so in the executor's intent: executor.attempts._intend), closing the race of a cancel
+# committed between the executor's decision to pay and its intent.
+_LIVE_JOB = "NOT EXISTS (SELECT 1 FROM jobs_job WHERE id = %(job)s AND status = 'cancelled')"
+
 # Step 2: the month's row, conditionally, then the reservation; `reserved` has a row only if it fit.
 _RESERVE_CTE = f"""
 month AS (
     INSERT INTO billing_budgetmonth (client_id, month, spent, reserved)
-    SELECT %(client)s, %(month)s, 0, %(amount)s WHERE %(amount)s <= {_CAP}
+    SELECT %(client)s, %(month)s, 0, %(amount)s WHERE %(amount)s <= {_CAP} AND {_LIVE_JOB}
     ON CONFLICT ON CONSTRAINT {BUDGET_MONTH_CONSTRAINT} DO UPDATE
        SET reserved = billing_budgetmonth.reserved + EXCLUDED.reserved
      WHERE billing_budgetmonth.spent + billing_budgetmonth.reserved + EXCLUDED.reserved <= {_CAP}
@@ -73,7 +78,7 @@ reserved AS (
 _DRAW_CTE = f"""
 pool AS (
     UPDATE billing_reservation SET amount = amount - %(amount)s
-     WHERE key = %(pool)s AND kind = '{FANOUT}' AND state = '{HELD}' AND amount >= %(amount)s
+     WHERE key = %(pool)s AND kind = '{FANOUT}' AND state = '{HELD}' AND amount >= %(amount)s AND {_LIVE_JOB}
     RETURNING id, budget_id),
 reserved AS (
     INSERT INTO billing_reservation (key, budget_id, job_id, kind, model, amount, state, unpriced, parent_id, created_at)

@@ -21,6 +21,7 @@ changes nothing. The decisions themselves (tables, back-off, windows) are execut
 import base64
 import logging
 import time
+from contextvars import ContextVar
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
@@ -56,12 +57,27 @@ def upstream_key(job, number: int) -> str:
 # --- the submit step: until an attempt is accepted -----------------------------------------------------
 
 
-def submit(job) -> dict:
+# The step's done mark (jobs.steps.DoneMark) while submit or wait runs for it: the write that records
+# the provider's acceptance, or the attempt's success, carries the mark, so the step's outcome and the
+# attempt's commit together.
+_DONE_MARK: ContextVar = ContextVar("done_mark", default=None)
+
+
+def submit(job, *, done=None) -> dict:
     """Get an attempt of this run accepted by a provider. Returns it; raises StepRetry to come back
     after a back-off, JobFailure when the chain is over, JobHold when a person must decide."""
+    token = _DONE_MARK.set(done)
+    try:
+        return _submit(job)
+    finally:
+        _DONE_MARK.reset(token)
+
+
+def _submit(job) -> dict:
     current = _latest(job)
     while True:
         if current is not None and current.state in (AttemptState.RUNNING, AttemptState.SUCCEEDED):
+            job._latest_attempt = current  # the wait step right after, in this execution, starts from it
             return _accepted(current)
         if current is not None and current.state == AttemptState.SUBMITTING:
             _resolve(job, current)  # an unknown outcome, or a crash while the call was out
@@ -69,14 +85,23 @@ def submit(job) -> dict:
         model, countdown = _next_model(job, current)
         if countdown > 0:
             raise StepRetry(f"next attempt on {model} after a back-off", countdown=countdown)
-        current = _intend(job, model)
+        hint = current.number + 1 if current is not None else (1 if job.run == 1 else None)
+        current = _intend(job, model, number_hint=hint)
         _send(job, current)  # the row in hand now says what the record says (our answer, or another's)
 
 
 # --- the wait step: until the accepted attempt is done ---------------------------------------------------
 
 
-def wait(job, *, rung: bool = False) -> dict | None:
+def wait(job, *, rung: bool = False, done=None) -> dict | None:
+    token = _DONE_MARK.set(done)
+    try:
+        return _wait(job, rung=rung)
+    finally:
+        _DONE_MARK.reset(token)
+
+
+def _wait(job, *, rung: bool = False) -> dict | None:
     """Look at the current attempt: its output once it succeeded; NotYet (with when to look again) while
     it runs; None after an attempt that failed upstream, a definite end: the runner submits the next one
     (same rules as `submit`).
@@ -121,7 +146,8 @@ def wait(job, *, rung: bool = False) -> dict | None:
         if telemetry and result_status == "running":
             _update(current, expect=AttemptState.RUNNING, **telemetry)
     if result_status == "succeeded":
-        if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=SETTLE, output_url=output_url, **telemetry):
+        if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=SETTLE, output_url=output_url,
+                    mark=_finished, **telemetry):
             return None  # ended meanwhile (a cancel): the next pass reads what the record says
         return _finished(current)
     if result_status == "running":
@@ -144,6 +170,21 @@ def _next_look(current: Attempt, waited: float, window: float) -> float:
     return min(policy.next_poll_s(waited_s=waited, expected_s=current.expected_s,
                                   interval_s=settings.POLL_INTERVAL_S, cap_s=settings.POLL_MAX_INTERVAL_S,
                                   left_s=window - waited + 0.05), _LONGEST_LOOK_S)
+
+
+def finish_answered(job) -> dict | None:
+    """The wait of an attempt whose submit answer carried the finished work, as this execution had it
+    accepted a moment ago (no poll, no lease needed): ended succeeded and settled, in the caller's
+    transaction. None when that is not the case (the wait step then polls as usual)."""
+    current = job.__dict__.get("_latest_attempt")
+    if current is None or current.state != AttemptState.RUNNING or not (
+            current.request.get("answered_succeeded") and current.request.get("output_url")):
+        return None
+    del job.__dict__["_latest_attempt"]
+    if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=SETTLE,
+                output_url=current.request["output_url"]):
+        return None  # ended meanwhile (a cancel): the wait step reads what the record says
+    return _finished(current)
 
 
 def _expire(job, current: Attempt, spec, window: float) -> None:
@@ -266,6 +307,16 @@ def _llm_attempt(job, *, step: str, model_name: str, system: str, messages: list
 
 
 def _latest(job) -> Attempt | None:
+    """The run's latest render attempt. The submit step leaves the one it just had accepted for the wait
+    step after it in the same execution (taken once): that row is what the record said a moment ago, and
+    every change made from it is conditional on its state, so a change since only costs a re-read."""
+    remembered = job.__dict__.pop("_latest_attempt", None)
+    if remembered is not None:
+        return remembered
+    if job.__dict__.pop("has_attempts", None) is False:
+        # The job was loaded with none (jobs.selectors.job_with_steps), a moment ago. One made since by
+        # another execution is still seen where it matters: the new intent loses on the constraints.
+        return None
     return Attempt.objects.filter(job=job, run=job.run, step="submit").order_by("-number").first()
 
 
@@ -304,7 +355,7 @@ RETURNING id
 
 
 def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal | None = None,
-            pool: str | None = None, request_extra: dict | None = None) -> Attempt:
+            pool: str | None = None, request_extra: dict | None = None, number_hint: int | None = None) -> Attempt:
     """Commit the attempt as `submitting`, with its key and the exact request, before anything is sent.
 
     1. The number is the job's next (across runs and models): its upstream key is payonce-{job}-{n}.
@@ -327,7 +378,9 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
     spec = model_spec(model_name)
     worst = worst_case if worst_case is not None else rate_card.worst_case(model_name)
     for _ in range(_NUMBER_TRIES):
-        number = _next_number(job)
+        # The caller's guess (the run's latest attempt + 1, or 1 for a first run's first) saves the read;
+        # a wrong guess loses on attempt_job_number and the next pass reads the number.
+        number, number_hint = number_hint or _next_number(job), None
         key = upstream_key(job, number)
         params = {name: value for name, value in job.input.items() if name not in ("prompt", "references")}
         request = {
@@ -351,12 +404,16 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
                 raise StepRetry(f"another execution is paying for this step ({constraint})", countdown=1.0) from None
             raise
         if rows is None:
+            if job_is_cancelled(job.id):  # the reservation refuses a cancelled job (billing.services)
+                raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
             raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not "
                              "fit under this month's budget; nothing was sent.", model=model_name,
                              worst_case_usd=str(worst))
-        return Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
-                       model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
-                       request=request, sends=1, poll_errors=0, created_at=now, submitted_at=now)
+        attempt = Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
+                          model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
+                          request=request, sends=1, poll_errors=0, created_at=now, submitted_at=now)
+        attempt.intended_now = True  # this execution just wrote it (and the cancel check with it)
+        return attempt
     raise StepRetry("the job's attempt numbers are contended; trying again", countdown=0.2)
 
 
@@ -379,8 +436,12 @@ def _send(job, attempt: Attempt) -> None:
         _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class="pre_submit_refused",
              error=str(refusal))
         return
-    if job_is_cancelled(job.id):
-        # Seen between deciding and spending: an API cancel is final.
+    # Seen between deciding and spending: an API cancel is final. An attempt this execution has just
+    # intended was checked by its intent's own statement (no reservation for a cancelled job); one
+    # that waited on checks or uploads, or is sent again, is checked here, right before the call.
+    fresh = getattr(attempt, "intended_now", False) and not settings.PRE_SUBMIT_CHECKS and not job.input.get("references")
+    attempt.intended_now = False
+    if not fresh and job_is_cancelled(job.id):
         _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=ErrorClass.CANCELLED,
              error="the job was cancelled")
         raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
@@ -509,9 +570,19 @@ def _answered_accepted(attempt: Attempt, submission, started: float | None) -> N
     if submission.status == "succeeded" and submission.output_url:
         # The provider answered the submit with the finished work: no poll needed for it.
         fields["request"] = {**attempt.request, "answered_succeeded": True, "output_url": submission.output_url}
-    if not _update(attempt, expect=AttemptState.SUBMITTING, **fields):
-        logger.warning("attempt %s: accepted as %s, but another execution had resolved it first (%s)",
-                       attempt.upstream_key, submission.upstream_id, attempt.state)
+    done = _DONE_MARK.get()
+    if done is not None and attempt.step == "submit":
+        # The acceptance and the submit step's done mark: one statement, one commit.
+        result = {**_accepted(attempt), "upstream_id": submission.upstream_id}
+        if done.with_update(result, Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING), fields):
+            for name, value in fields.items():
+                setattr(attempt, name, value)
+            return
+        attempt.refresh_from_db()
+    elif _update(attempt, expect=AttemptState.SUBMITTING, **fields):
+        return
+    logger.warning("attempt %s: accepted as %s, but another execution had resolved it first (%s)",
+                   attempt.upstream_key, submission.upstream_id, attempt.state)
 
 
 def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: float) -> None:
@@ -562,7 +633,7 @@ SETTLE, RELEASE, HOLD = "settle", "release", "hold"
 
 
 def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: str | None = None,
-         **fields) -> bool:
+         mark=None, **fields) -> bool:
     """End the attempt and move its reservation in the same transaction (one commit): `settle` when the
     provider took it (its actual cost, or all of the reservation when nobody could price it), `release`
     when it definitely did not charge; `hold` keeps it (an outcome nobody knows waits for a person). The
@@ -582,13 +653,17 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
             fields.update(cost_usd=derived, cost_source="derived")
     if money == HOLD:
         return _update(attempt, expect=expect, state=state, **fields)
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction (jobs.runner's ready wait): it all commits or none does.
+    with transaction.atomic(savepoint=False):
         if not _update(attempt, expect=expect, state=state, **fields):
             return False
         if money == SETTLE:
             billing.settle(key=attempt.upstream_key, cost=attempt.cost_usd)
         else:
             billing.release(key=attempt.upstream_key)
+        done = _DONE_MARK.get() if mark is not None else None
+        if done is not None:  # the step this end finishes is marked done in the same commit
+            done.in_transaction(mark(attempt))
     return True
 
 

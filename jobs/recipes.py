@@ -1,6 +1,6 @@
 """Recipes: a job's kind names its ordered steps (DESIGN.md, section 2).
 
-`media`: mark running, check the output key, submit | wait | store output, finish. Three stages, so
+`media`: check the output key, mark running, submit | wait | store output, finish. Three stages, so
 three messages: steps that only touch the database or read run inline in one task, each still its own
 `Step` row; a message is needed only where the job waits on the provider. (The budget's worst case is
 reserved with each attempt's intent: executor.attempts.)
@@ -36,13 +36,19 @@ def check_output(ctx) -> dict:
 def submit(ctx) -> dict:
     if ctx.result("check_output")["exists"]:
         return {"skipped": True}  # this job's output is already stored: nothing to pay for
-    return attempts.submit(ctx.job)
+    return attempts.submit(ctx.job, done=ctx.done_mark)
 
 
 def wait(ctx) -> dict | None:
     if ctx.result("submit").get("skipped"):
         return {"skipped": True}
-    return attempts.wait(ctx.job, rung=ctx.rung)
+    return attempts.wait(ctx.job, rung=ctx.rung, done=ctx.done_mark)
+
+
+def wait_ready(ctx) -> dict | None:
+    if ctx.result("submit").get("skipped"):
+        return {"skipped": True}
+    return attempts.finish_answered(ctx.job)
 
 
 def store_output(ctx) -> dict:
@@ -66,11 +72,13 @@ MEDIA = recipe_register(
         kind="media",
         stages=(
             Stage("prepare", (
-                StepSpec("mark_running", mark_running, Effect.DB),
+                # The read first: then marking the job running, the read's done mark and the submit's
+                # lease are one transaction (jobs.runner).
                 StepSpec("check_output", check_output, Effect.READ),
+                StepSpec("mark_running", mark_running, Effect.DB),
                 StepSpec("submit", submit, Effect.EXTERNAL),
             )),
-            Stage("wait", (StepSpec("wait", wait, Effect.WAIT),)),
+            Stage("wait", (StepSpec("wait", wait, Effect.WAIT, ready=wait_ready),)),
             # Writing the output is create-only and idempotent for this job, so it needs no lease.
             Stage("finish", (
                 StepSpec("store_output", store_output, Effect.READ),

@@ -25,6 +25,7 @@ from jobs import selectors, services
 from jobs.models import JobStatus, StepStatus
 from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
 from jobs.steps import (
+    DoneMark,
     StepContext,
     StepRow,
     step_adopt,
@@ -34,6 +35,7 @@ from jobs.steps import (
     step_heartbeat,
     step_hold_for_retry,
     step_insert_done,
+    step_insert_done_many,
     step_mark_done,
     step_renew_lease,
 )
@@ -102,16 +104,27 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
 def _run_one_stage(ctx: StepContext, recipe: Recipe, stage: Stage):
     if stage.fanout is not None:
         return _fan_out(ctx, recipe, stage)
-    for group in _groups(stage.steps):
-        outcome = _run_step(ctx, *group)
+    groups = _groups(stage.steps)
+    for index, group in enumerate(groups):
+        after = groups[index + 1][0] if index + 1 < len(groups) else None
+        leased_next = after is not None and after.effect in (Effect.EXTERNAL, Effect.WAIT) and not _ended(ctx, after)
+        outcome = _run_step(ctx, *group, then=after if leased_next else None)
         if outcome is not None:
             return outcome
-    return Continue()
+    return _flush(ctx) or Continue()
+
+
+def _ended(ctx: StepContext, spec: StepSpec) -> bool:
+    row = ctx.rows.get(spec.name)
+    return row is not None and row.status in (StepStatus.DONE, StepStatus.FAILED)
 
 
 def _groups(specs) -> list[list[StepSpec]]:
     """Consecutive database-only steps share one transaction (each still its own row); any other step
-    stands alone, because it talks to the network and no transaction stays open across that."""
+    stands alone, because it talks to the network and no transaction stays open across that. What a
+    stage commits is still as few transactions as it can be: a READ step's done mark waits for the next
+    one (StepContext.deferred), and a group followed by a leased step claims that lease in its own
+    transaction (StepContext.claimed)."""
     groups: list[list[StepSpec]] = []
     for spec in specs:
         if spec.effect is Effect.DB and groups and groups[-1][-1].effect is Effect.DB:
@@ -158,8 +171,9 @@ def resume_point(job) -> int | None:
 # --- one step ----------------------------------------------------------------------------------------------
 
 
-def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True):
-    """Run one step (or a group of database-only steps) unless it is done; end the job on a failure."""
+def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True, then: StepSpec | None = None):
+    """Run one step (or a group of database-only steps) unless it is done; end the job on a failure.
+    `then`: the leased step after a group, whose lease the group's transaction claims."""
     pending = []
     for spec in specs:
         row = ctx.rows.get(spec.name)
@@ -172,7 +186,7 @@ def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True):
     spec = pending[0]
     try:
         if spec.effect is Effect.DB:
-            return _run_db(ctx, pending)
+            return _run_db(ctx, pending, then)
         if spec.effect is Effect.READ:
             return _run_read(ctx, spec)
         if spec.effect is Effect.EXTERNAL:
@@ -191,23 +205,73 @@ def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True):
         return Stop(f"{'held' if isinstance(failure, JobHold) else 'failed'}: {failure.code}")
 
 
-def _run_db(ctx: StepContext, specs: list[StepSpec]):
+def _run_db(ctx: StepContext, specs: list[StepSpec], then: StepSpec | None = None):
+    """The group's effects, its done marks with the READ marks deferred before it (one INSERT), and the
+    lease of the step after it: one transaction, one commit."""
+    marks = list(ctx.deferred)
     try:
         with transaction.atomic():
             for spec in specs:
                 try:
-                    result = spec.fn(ctx)
+                    marks.append((spec.name, spec.fn(ctx)))
                 except JobFailure as failure:
                     failure.step = spec.name  # the whole group rolls back; this step is the one that failed
                     raise
-                if not step_insert_done(ctx, spec.name, result):
-                    raise _LostRace  # rolls back our effects: the other execution's stand
+            if not step_insert_done_many(ctx, marks):
+                raise _LostRace  # rolls back our effects: the other execution's stand
+            ctx.deferred.clear()
+            if then is not None:
+                ctx.claimed[then.name] = _claim(ctx, then)
     except _LostRace:
-        for spec in specs:
-            outcome = step_adopt(ctx, spec.name)
-            if outcome is not None:
-                return outcome
+        return _adopt_all(ctx, [name for name, _ in marks])
     return None
+
+
+def _adopt_all(ctx: StepContext, names: list[str]):
+    """Another execution recorded one of these steps first: take what it recorded for each of them."""
+    ctx.deferred.clear()
+    for name in names:
+        outcome = step_adopt(ctx, name)
+        if outcome is not None:
+            return outcome
+    return None
+
+
+def _flush(ctx: StepContext):
+    """Write the READ marks still deferred (the end of a stage). None, or what adopting them says."""
+    if ctx.deferred and not step_insert_done_many(ctx, ctx.deferred):
+        return _adopt_all(ctx, [name for name, _ in ctx.deferred])
+    ctx.deferred.clear()
+    return None
+
+
+def _claim(ctx: StepContext, spec: StepSpec):
+    """Claim a leased step: an EXTERNAL step's lease is this execution's; a WAIT step's polling lease is
+    the chain's, across its polls."""
+    if spec.effect is Effect.WAIT:
+        return step_claim(ctx, spec.name, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S, owner=ctx.chain)
+    return step_claim(ctx, spec.name, settings.STEP_LEASE_S)
+
+
+def _claim_leased(ctx: StepContext, spec: StepSpec):
+    """The step's lease: claimed ahead by the group before it, or now, in one transaction with the READ
+    marks deferred before it (they are written before anything leaves the database)."""
+    if spec.name in ctx.claimed:
+        return ctx.claimed.pop(spec.name)
+    if not ctx.deferred:
+        return _claim(ctx, spec)
+    marks = list(ctx.deferred)
+    try:
+        with transaction.atomic():
+            if not step_insert_done_many(ctx, marks):
+                raise _LostRace
+            ctx.deferred.clear()
+            return _claim(ctx, spec)
+    except _LostRace:
+        outcome = _adopt_all(ctx, [name for name, _ in marks])
+        if outcome is not None:
+            return "adopted", outcome
+        return _claim(ctx, spec)  # the other execution's reads stand; this step reads them (ctx.rows)
 
 
 def _run_read(ctx: StepContext, spec: StepSpec):
@@ -220,19 +284,22 @@ def _run_read(ctx: StepContext, spec: StepSpec):
         services.job_extend_enqueue_lease(job_id=ctx.job.id, seconds=countdown + settings.ENQUEUE_LEASE_S)
         logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, spec.name, retry.reason, countdown)
         return Later(countdown)
-    if not step_insert_done(ctx, spec.name, result):
-        return step_adopt(ctx, spec.name)
+    ctx.deferred.append((spec.name, result))  # written with the next transaction (StepContext.deferred)
+    ctx.rows[spec.name] = StepRow(0, spec.name, StepStatus.DONE, result, 1, ctx.owner)
     return None
 
 
 def _run_external(ctx: StepContext, spec: StepSpec):
-    state, row = step_claim(ctx, spec.name, settings.STEP_LEASE_S)
+    state, row = _claim_leased(ctx, spec)
+    if state == "adopted":
+        return row
     if state == "held":
         state, row = step_attach(ctx, spec.name)
     if state == "held":
         return Later(max(1.0, min(settings.STEP_LEASE_S, 5.0)))
     if state != "claimed":  # done or failed meanwhile: step_claim read the row into ctx.rows
         return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
+    ctx.done_mark = DoneMark(row.id, ctx.owner)
     with step_heartbeat(row.id, ctx.owner, settings.STEP_LEASE_S) as lost:
         try:
             result = spec.fn(ctx)
@@ -243,15 +310,38 @@ def _run_external(ctx: StepContext, spec: StepSpec):
     return _record_done(ctx, spec, row, ctx.owner, result)
 
 
+def _run_ready(ctx: StepContext, spec: StepSpec):
+    """A wait that is over before it starts (StepSpec.ready): its writes and its done mark in one
+    transaction, no lease. (None, result) when it ran; ("wait", None) when it must wait as usual."""
+    try:
+        with transaction.atomic():
+            result = spec.ready(ctx)
+            if result is None:
+                return "wait", None
+            if not step_insert_done_many(ctx, [(spec.name, result)]):
+                raise _LostRace  # another execution has the step: its stand, our writes rolled back
+    except _LostRace:
+        outcome = step_adopt(ctx, spec.name)
+        return None, Stop(f"another poller holds {spec.name}") if isinstance(outcome, Later) else outcome
+    return None, None
+
+
 def _run_wait(ctx: StepContext, spec: StepSpec):
     """Claim the polling lease (held by the chain across its polls, so the sweeper can tell a live
     poller from a lost one, and a second chain stops instead of polling alongside), poll under a
     heartbeat (a poll may submit the next attempt), then record what it said."""
-    state, row = step_claim(ctx, spec.name, settings.POLL_INTERVAL_S + settings.STEP_LEASE_S, owner=ctx.chain)
+    if spec.ready is not None and not ctx.deferred:
+        waits, outcome = _run_ready(ctx, spec)
+        if waits is None:
+            return outcome
+    state, row = _claim_leased(ctx, spec)
+    if state == "adopted":
+        return row
     if state == "held":
         return Stop(f"another poller holds {spec.name}")
     if state != "claimed":
         return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
+    ctx.done_mark = DoneMark(row.id, ctx.chain)
     with step_heartbeat(row.id, ctx.chain, settings.STEP_LEASE_S):
         try:
             result = spec.fn(ctx)
@@ -269,9 +359,11 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
 
 
 def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, result):
-    """Mark a leased step done (one statement). If the lease was lost meanwhile, take the other
-    execution's outcome."""
-    if not step_mark_done(row.id, owner, result):
+    """Mark a leased step done (one statement), unless the work marked it with its own last write
+    (ctx.done_mark). If the lease was lost meanwhile, take the other execution's outcome."""
+    mark, ctx.done_mark = ctx.done_mark, None
+    marked = mark.state if mark is not None and mark.state is not None and mark.result == result else None
+    if marked == "lost" or (marked is None and not step_mark_done(row.id, owner, result)):
         return step_adopt(ctx, spec.name)  # our lease ran out and another execution took the step over
     ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, owner)
     return None

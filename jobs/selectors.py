@@ -65,13 +65,15 @@ _JOB_WITH_STEPS_SQL = """
 SELECT j.*, (SELECT coalesce(json_agg(json_build_object(
                  'id', s.id, 'name', s.name, 'status', s.status, 'result', s.result, 'attempts', s.attempts,
                  'lease_owner', s.lease_owner, 'lease_until', s.lease_until)), '[]'::json)
-               FROM jobs_step s WHERE s.job_id = j.id AND s.run = j.run) AS step_rows
+               FROM jobs_step s WHERE s.job_id = j.id AND s.run = j.run) AS step_rows,
+       EXISTS (SELECT 1 FROM executor_attempt a WHERE a.job_id = j.id) AS has_attempts
   FROM jobs_job j WHERE j.id = %s
 """
 
 
 def job_with_steps(job_id):
-    """The job with `step_rows` (its current run's steps as dicts), or None."""
+    """The job with `step_rows` (its current run's steps as dicts) and `has_attempts` (whether any attempt
+    of it exists: the executor then need not look for one, executor.attempts._latest), or None."""
     return next(iter(Job.objects.raw(_JOB_WITH_STEPS_SQL, [job_id])), None)
 
 

@@ -193,7 +193,8 @@ def _emit(job: Job, event: str) -> None:
 _FINISH_SQL = f"""
 UPDATE jobs_job SET status = %s, output = %s, error = %s, completed_at = now(), updated_at = now()
  WHERE id = %s AND status IN ({", ".join(f"'{status}'" for status in OPEN_STATUSES)})
-RETURNING *, {attempts_json_sql("jobs_job.id")} AS attempt_rows
+RETURNING *, {attempts_json_sql("jobs_job.id")} AS attempt_rows,
+          (SELECT e.url FROM webhooks_endpoint e WHERE e.client_id = jobs_job.client_id) AS endpoint_url
 """
 
 

@@ -59,6 +59,14 @@ class StepContext:
     owner: str = ""
     rows: dict[str, StepRow] = field(default_factory=dict)
     rung: bool = False  # a provider called back: a waiting step looks now (executor.callbacks)
+    # READ steps' done marks not written yet: they go out with the next transaction the runner commits
+    # (jobs.runner), always before anything leaves the database. A READ is safe to run again, so a mark
+    # lost with a crash costs a re-read, never a result.
+    deferred: list = field(default_factory=list)
+    # Leases claimed ahead, in the transaction of the database-only steps before them: name -> claim.
+    claimed: dict = field(default_factory=dict)
+    # The running leased step's done mark, for its work's last write to carry (DoneMark).
+    done_mark: "DoneMark | None" = None
 
     def __post_init__(self):
         self.owner = self.owner or f"{self.task_id}#{uuid.uuid4().hex[:8]}"
@@ -186,6 +194,49 @@ def step_mark_done(step_id: int, owner: str, result) -> bool:
         return cursor.rowcount == 1
 
 
+class DoneMark:
+    """A leased step's done mark, handed to the work it runs, so the work's last write and the mark can
+    commit together (one commit instead of two). The work calls at most one of:
+
+    - `with_update(result, queryset, fields)`: its conditional UPDATE and the mark in one statement (a
+      CTE; the mark is written only if the UPDATE changed its row). Returns whether the UPDATE did.
+    - `in_transaction(result)`: the mark, inside a transaction the work has open.
+
+    Either way the mark is conditional on our lease, as step_mark_done is. The runner reads `state`
+    afterwards: None (not marked: it marks the step itself), "done", or "lost" (the lease was someone
+    else's: adopt their outcome)."""
+
+    def __init__(self, step_id: int, owner: str):
+        self.step_id, self.owner = step_id, owner
+        self.state: str | None = None
+        self.result = None
+
+    def with_update(self, result, queryset, fields: dict) -> bool:
+        from django.db.models.sql import UpdateQuery
+
+        query = queryset.query.chain(UpdateQuery)
+        query.add_update_values(fields)
+        update_sql, update_params = query.get_compiler(queryset.db).as_sql()
+        sql = (f"WITH work AS ({update_sql} RETURNING 1),"
+               f" mark AS (UPDATE jobs_step SET status = '{DONE}', result = %s, lease_until = NULL, finished_at = now()"
+               f"           WHERE id = %s AND lease_owner = %s AND status = '{RUNNING}' AND EXISTS (SELECT 1 FROM work)"
+               f"          RETURNING 1)"
+               f" SELECT (SELECT count(*) FROM work), (SELECT count(*) FROM mark)")
+        with connections[queryset.db].cursor() as cursor:
+            cursor.execute(sql, [*update_params, _json(result), self.step_id, self.owner])
+            updated, marked = cursor.fetchone()
+        if updated:
+            self._marked(result, bool(marked))
+        return bool(updated)
+
+    def in_transaction(self, result) -> None:
+        assert connection.in_atomic_block, "the mark commits with the work's own transaction"
+        self._marked(result, step_mark_done(self.step_id, self.owner, result))
+
+    def _marked(self, result, marked: bool) -> None:
+        self.state, self.result = ("done" if marked else "lost"), result
+
+
 _INSERT_DONE_SQL = f"""
 INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
 VALUES (%s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now())
@@ -213,6 +264,24 @@ ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
    AND (jobs_step.lease_until < now() OR jobs_step.lease_owner IN (%(owner)s, %(task)s, %(chain)s))
 RETURNING id
 """
+
+
+def step_insert_done_many(ctx: StepContext, marks: list[tuple[str, object]]) -> bool:
+    """Steps that needed no lease, recorded done in one statement. False: another execution recorded
+    one of them first (the caller rolls back and adopts what it recorded)."""
+    values = ", ".join([f"(%s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now())"] * len(marks))
+    sql = (f"INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until,"
+           f" started_at, finished_at) VALUES {values}"
+           f" ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id, name")
+    params = [value for name, result in marks for value in (ctx.job.id, ctx.run, name, _json(result), ctx.owner)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        inserted = dict((name, ident) for ident, name in cursor.fetchall())
+    if len(inserted) < len(marks):
+        return False
+    for name, result in marks:
+        ctx.rows[name] = StepRow(inserted[name], name, DONE, result, 1, ctx.owner)
+    return True
 
 
 def step_end_failed(ctx: StepContext, name: str, result) -> bool:

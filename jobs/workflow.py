@@ -39,6 +39,10 @@ class StepSpec:
     name: str
     fn: Callable  # fn(ctx) -> JSON result; a WAIT step returns None while it is still waiting
     effect: Effect
+    # A WAIT step whose work may already be over when it starts (a render finished in its submit's
+    # answer): ready(ctx) -> its result, making only database writes, or None (wait as usual). Run in a
+    # transaction with the step's done mark, with no lease: there is nothing to wait for.
+    ready: Callable | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Signed per Standard Webhooks with SANDBOX_CALLBACK_SECRET. `webhook-id` is the g
 state it reports (`gen_000001.succeeded`): every try of one callback carries the same id, as Standard
 Webhooks asks, so a receiver can tell a repeat from news. Sent once when the render ends (or is
 cancelled), and again on a non-2xx or no answer, CALLBACK_TRIES times in all, CALLBACK_RETRY_S apart.
-A callback is a doorbell and may be late, repeated or lost: pending callbacks are kept in memory only,
+A render that had ended by the time its submit was answered (render_s 0) is not called back: the answer
+told it. A callback is a doorbell and may be late, repeated or lost: pending callbacks are kept in memory only,
 so a restart loses them (as a real provider's outage would).
 """
 

@@ -508,12 +508,15 @@ class Handler(BaseHTTPRequestHandler):
                 generation_id=exc.generation_id,
             ) from None
         self.result_id = gen["id"]
+        view = self._generation_view(gen)
         dropped = fault is not None and fault["action"] == "drop_callback"
-        if created and callback_url and not dropped:  # a replay's callback is the first submit's
+        # A replay's callback is the first submit's; a render that ended before its submit was answered
+        # is told in that answer, not called back.
+        if created and callback_url and not dropped and view["status"] == "running":
             self.server.callbacks.schedule(gen["id"], callback_url, self._base_url(),
                                            gen["created_at"] + gen["render_s"])
         headers = {} if created else {"Idempotent-Replayed": "true"}
-        return Response(202, self._generation_view(gen), headers=headers)
+        return Response(202, view, headers=headers)
 
     def lookup_generations(self):
         filters = []

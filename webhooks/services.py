@@ -143,10 +143,20 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
     due = now + timedelta(seconds=settings.WEBHOOK_FIRST_TRY_GRACE_S)
     delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event,
                         url=job.webhook_url, envelope=envelope, created_at=now, next_attempt_at=due)
+    # The caller may know the client's endpoint URL (job_finish reads it with the job): with neither
+    # that nor the job's own, there is nowhere to send, and the row is written as the dispatcher would
+    # leave it (dead, replayable once a URL is set), without a message or a drainer pass to find that out.
+    nowhere = not job.webhook_url and getattr(job, "endpoint_url", None) == ""
+    if nowhere:
+        delivery.status, delivery.last_error = DeliveryStatus.DEAD, NO_URL
     if not insert_ignore(delivery):
         return False
-    _enqueue_on_commit(ident, due)
+    if not nowhere:
+        _enqueue_on_commit(ident, due)
     return True
+
+
+NO_URL = "no webhook URL: the job names none and the client has no endpoint URL"
 
 
 def _enqueue_on_commit(ident: str, token: datetime) -> None:
@@ -247,7 +257,7 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
             endpoint = endpoints.get(delivery.client_id)
             url = delivery.url or (endpoint.url if endpoint else "")
             if not url:
-                _dead(delivery, "no webhook URL: the job names none and the client has no endpoint URL")
+                _dead(delivery, NO_URL)
                 outcomes.append("dead")
                 continue
             if delivery.client_id not in secrets_by_client:
