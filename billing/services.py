@@ -34,6 +34,7 @@ from billing.models import (
     ReservationKind,
     ReservationState,
 )
+from jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ _CAP = "coalesce((SELECT monthly_cap_usd FROM jobs_client WHERE id = %(client)s)
 # Nothing is reserved for a cancelled job: an API cancel is final, and read in the statement that would
 # reserve (and so in the executor's intent: executor.attempts._intend), closing the race of a cancel
 # committed between the executor's decision to pay and its intent.
-_LIVE_JOB = "NOT EXISTS (SELECT 1 FROM jobs_job WHERE id = %(job)s AND status = 'cancelled')"
+_LIVE_JOB = f"NOT EXISTS (SELECT 1 FROM jobs_job WHERE id = %(job)s AND status = '{JobStatus.CANCELLED}')"
 
 # Step 2: the month's row, conditionally, then the reservation; `reserved` has a row only if it fit.
 _RESERVE_CTE = f"""

@@ -85,7 +85,7 @@ def test_a_stream_closes_at_its_limit(alice, ledger):
     elapsed = time.monotonic() - started
     assert closed and SSE_MAX_S - 0.5 <= elapsed <= SSE_MAX_S + 3
     assert len(frames) == 1 and frames[0][1]["status"] == "succeeded"  # the current snapshot, once
-    assert [s["name"] for s in frames[0][1]["steps"]][:1] == ["mark_running"]  # media jobs stream steps
+    assert [s["name"] for s in frames[0][1]["steps"]][:1] == ["check_output"]  # media jobs stream steps, in order
 
 
 def test_another_clients_job_is_404_and_no_key_is_401(alice, web_stack):
