@@ -86,7 +86,7 @@ def payonce(stack: Stack, credentials: dict, jobs: int) -> tuple[float, dict]:
     from jobs.models import Job
 
     client_jobs = Job.objects.filter(client_id=credentials["client_id"])
-    xid, messages, busy = next_xid(), received(stack), busy_seconds()
+    xid, messages, busy, processes = next_xid(), received(stack), busy_seconds(), process_cpu()
     started = time.perf_counter()
     post_jobs(stack.port, credentials["api_key"], jobs)
     while client_jobs.filter(status__in=["queued", "running", "waiting"]).exists():
@@ -94,11 +94,43 @@ def payonce(stack: Stack, credentials: dict, jobs: int) -> tuple[float, dict]:
     elapsed = time.perf_counter() - started
     counts = {
         "cpu_ms": (busy_seconds() - busy) * 1000 / jobs,
+        "by_process": cpu_by_group(processes, process_cpu(), jobs),
         "succeeded": client_jobs.filter(status="succeeded").count(),
         "messages": (received(stack) - messages) / jobs,
         "commits": (next_xid() - xid) / jobs,
     }
     return jobs / elapsed, counts
+
+
+def process_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of every process on the machine, with the group it belongs to."""
+    ticks, found = os.sysconf("SC_CLK_TCK"), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found[int(entry)] = (_group(cmdline), (int(stat[11]) + int(stat[12])) / ticks)
+    return found
+
+
+def _group(cmdline: str) -> str:
+    for needle, name in (("uvicorn", "web"), ("celery", "worker"), ("sandbox", "sandbox"), ("postgres", "postgres"),
+                         ("redis", "redis"), ("e2e_throughput", "load generator (this script)")):
+        if needle in cmdline:
+            return name
+    return "other"
+
+
+def cpu_by_group(before: dict, after: dict, jobs: int) -> dict[str, float]:
+    """CPU ms per job of each group of processes between two process_cpu() snapshots."""
+    spent: dict[str, float] = {}
+    for pid, (group, seconds) in after.items():
+        spent[group] = spent.get(group, 0.0) + seconds - (before.get(pid, (group, 0.0))[1])
+    return {group: ms * 1000 / jobs for group, ms in sorted(spent.items(), key=lambda item: -item[1]) if ms > 0}
 
 
 def busy_seconds() -> float:
@@ -177,6 +209,7 @@ def main() -> None:
     print(f"per job: {counts['messages']:.2f} Celery messages received, {counts['commits']:.2f} write commits "
           f"(target <= 6), {statements:.1f} SQL statements (target <= 16; in-process sample: "
           f"{sample_commits:.2f} write commits), {counts['cpu_ms']:.1f} ms whole-machine CPU")
+    print("CPU ms per job by process: " + ", ".join(f"{group} {ms:.1f}" for group, ms in counts["by_process"].items()))
 
 
 if __name__ == "__main__":
