@@ -118,7 +118,8 @@ def process_cpu() -> dict[int, tuple[str, float]]:
 
 
 def _group(cmdline: str) -> str:
-    for needle, name in (("uvicorn", "web"), ("celery", "worker"), ("sandbox", "sandbox"), ("postgres", "postgres"),
+    # uvicorn's --workers children are multiprocessing spawns (their command line does not say uvicorn).
+    for needle, name in (("uvicorn", "web"), ("multiprocessing.spawn", "web"), ("celery", "worker"), ("sandbox", "sandbox"), ("postgres", "postgres"),
                          ("redis", "redis"), ("e2e_throughput", "load generator (this script)")):
         if needle in cmdline:
             return name
