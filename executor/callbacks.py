@@ -81,7 +81,9 @@ SELECT a.job_id, a.upstream_key, a.state, a.run = j.run, j.status, j.kind, j.run
   LEFT JOIN jobs_step w ON w.job_id = a.job_id AND w.run = a.run AND w.name = %(wait)s
   LEFT JOIN jobs_step s ON s.job_id = a.job_id AND s.run = a.run AND s.name = a.step
  WHERE a.provider = %(provider)s AND a.upstream_id = %(upstream_id)s
- ORDER BY a.number DESC
+ -- A provider's ids are its own: should one name two attempts (a sandbox reset starts its ids again),
+ -- the one still running is the one waited on, else the newest.
+ ORDER BY a.state = '{AttemptState.RUNNING}' DESC, a.id DESC
  LIMIT 1
 """
 

@@ -206,3 +206,18 @@ def test_a_pass_before_the_expected_duration_asks_nothing():
     assert not policy.poll_due(waited_s=0, expected_s=None, interval_s=2)  # right after the submit
     assert policy.poll_due(waited_s=2, expected_s=None, interval_s=2)
     assert policy.next_poll_s(waited_s=10, expected_s=60, interval_s=2, cap_s=30, left_s=3600) == 50
+
+
+def test_a_callback_wakes_the_running_attempt_when_a_provider_id_names_two(api, ledger):
+    # A sandbox reset starts its generation ids again: the second job's render gets the first one's id.
+    first = render("first", api, render_s=0)
+    assert api.wait(first)["status"] == "succeeded"
+    ledger.reset()
+    started = time.monotonic()
+    second = render("second", api, render_s=1, expected_s=60)
+    job = api.wait(second, timeout=20)
+
+    assert job["status"] == "succeeded", job
+    assert time.monotonic() - started < 15  # woken by its callback, not left to the 60 s schedule
+    ids = {a.job_id: a.upstream_id for a in Attempt.objects.all()}
+    assert ids[uuid.UUID(first)] == ids[uuid.UUID(second)]  # the case this is about
