@@ -136,6 +136,15 @@ RETURNING id
 """
 
 
+def settle_cte(*, key: str, cost: Decimal | None, when: str) -> tuple[str, list]:
+    """The settle (as `settle` does it) as one part (a CTE) of a caller's statement, applied only `when`
+    (a condition on the statement's other parts: the attempt's end that it pays for)."""
+    sql = (f"UPDATE billing_reservation SET state = '{SETTLED}', spent = coalesce(%s::numeric, amount),"
+           f" unpriced = (%s::numeric IS NULL), resolved_at = now()"
+           f" WHERE key = %s AND state = '{HELD}' AND {when} RETURNING id")
+    return sql, [cost, cost, key]
+
+
 def settle(*, key: str, cost: Decimal | None) -> bool:
     """The attempt's money is known: it is spent, at its actual cost, or at all of its reservation when
     nobody could price it (cost None: never claim less than may have been paid). Exactly once: False if

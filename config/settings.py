@@ -192,6 +192,8 @@ REPLICATE_BASE_URL = env_str("REPLICATE_BASE_URL", "https://api.replicate.com").
 # set), Replicate's REPLICATE_WEBHOOK_SECRET (GET /v1/webhooks/default/secret; unset, Replicate is not
 # asked to call back).
 POLL_MAX_INTERVAL_S = env_float("POLL_MAX_INTERVAL_S", 30.0, minimum=0.05)
+# With a callback expected, polls are only the fallback: their gaps start this many times longer.
+POLL_CALLBACK_FACTOR = env_float("POLL_CALLBACK_FACTOR", 4.0, minimum=1.0)
 PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_URL).rstrip("/")
 SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET",
                                   "whsec_c2FuZGJveC1jYWxsYmFjay1zZWNyZXQtZm9yLWRldmVsb3BtZW50")

@@ -5,6 +5,7 @@ constraint an IntegrityError violated (so each caller catches its own constraint
 from functools import lru_cache
 
 from django.db import connection
+from django.db.models.sql import UpdateQuery
 
 
 @lru_cache(maxsize=None)
@@ -42,3 +43,12 @@ def violated_constraint(exc) -> str | None:
     """The name of the constraint a django.db.IntegrityError violated (psycopg's diagnostics), or None."""
     diag = getattr(exc.__cause__, "diag", None)
     return getattr(diag, "constraint_name", None)
+
+
+def update_sql(queryset, fields: dict) -> tuple[str, list]:
+    """The UPDATE that `queryset.update(**fields)` would run, as SQL and parameters, for a caller that
+    runs it as one part of a larger statement (a CTE) instead."""
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(fields)
+    sql, params = query.get_compiler(queryset.db).as_sql()
+    return sql, list(params)

@@ -34,8 +34,8 @@ from django.utils.module_loading import import_string
 from billing import rates as rate_card
 from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
-from config.sql import violated_constraint
-from executor import policy, services
+from config.sql import update_sql, violated_constraint
+from executor import callbacks, policy, services
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
 from executor.providers.base import ErrorClass, ProviderError
 from executor.registry import model_spec
@@ -128,7 +128,7 @@ def _wait(job, *, rung: bool = False) -> dict | None:
         result_status, output_url, error, error_class = "succeeded", current.request["output_url"], None, None
     else:
         if not rung and waited <= window and not policy.poll_due(waited_s=waited, expected_s=current.expected_s,
-                                                                  interval_s=settings.POLL_INTERVAL_S):
+                                                                  interval_s=_poll_interval(current)):
             raise NotYet(_next_look(current, waited, window))
         try:
             polled = services.provider(spec).poll(spec.model, current.upstream_id)
@@ -166,25 +166,51 @@ def _wait(job, *, rung: bool = False) -> dict | None:
 _LONGEST_LOOK_S = settings.BROKER_VISIBILITY_TIMEOUT_S / 2
 
 
+def _poll_interval(current: Attempt) -> float:
+    """Where the provider was asked to call back, polling is only the fallback: its gaps start
+    POLL_CALLBACK_FACTOR times longer (DESIGN.md, section 9)."""
+    if callbacks.callback_url(current.provider):
+        return settings.POLL_INTERVAL_S * settings.POLL_CALLBACK_FACTOR
+    return settings.POLL_INTERVAL_S
+
+
 def _next_look(current: Attempt, waited: float, window: float) -> float:
     return min(policy.next_poll_s(waited_s=waited, expected_s=current.expected_s,
-                                  interval_s=settings.POLL_INTERVAL_S, cap_s=settings.POLL_MAX_INTERVAL_S,
+                                  interval_s=_poll_interval(current), cap_s=settings.POLL_MAX_INTERVAL_S,
                                   left_s=window - waited + 0.05), _LONGEST_LOOK_S)
 
 
-def finish_answered(job) -> dict | None:
+def finish_answered(job, mark) -> tuple[dict, bool] | None:
     """The wait of an attempt whose submit answer carried the finished work, as this execution had it
-    accepted a moment ago (no poll, no lease needed): ended succeeded and settled, in the caller's
-    transaction. None when that is not the case (the wait step then polls as usual)."""
+    accepted a moment ago: no poll and no lease needed. The attempt's end (succeeded), its settle and
+    the wait step's done mark (`mark(result, when=...)`, jobs.steps.step_done_cte) are one statement:
+    the settle and the mark only if the end changed the row (conditional on `running`, so a cancel that
+    ended it meanwhile wins). Returns (result, whether the mark was written), or None when that is not
+    the case or the end lost (the wait step then looks at the record as usual)."""
     current = job.__dict__.get("_latest_attempt")
     if current is None or current.state != AttemptState.RUNNING or not (
             current.request.get("answered_succeeded") and current.request.get("output_url")):
         return None
     del job.__dict__["_latest_attempt"]
-    if not _end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=SETTLE,
-                output_url=current.request["output_url"]):
+    fields = _end_fields(current, money=SETTLE, output_url=current.request["output_url"],
+                         fields={"state": AttemptState.SUCCEEDED})
+    result = {**_accepted(current), "output_url": fields["request"]["output_url"],
+              "finished_at": fields["finished_at"].isoformat()}  # what _finished says of it once ended
+    work, work_params = update_sql(Attempt.objects.filter(id=current.id, state=AttemptState.RUNNING), fields)
+    when = "EXISTS (SELECT 1 FROM work)"
+    settle, settle_params = billing.settle_cte(key=current.upstream_key, cost=fields.get("cost_usd", current.cost_usd),
+                                               when=when)
+    done, done_params = mark(result, when=when)
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH work AS ({work} RETURNING 1), settle AS ({settle}), mark AS ({done})"
+                       f" SELECT (SELECT count(*) FROM work), (SELECT id FROM mark)",
+                       [*work_params, *settle_params, *done_params])
+        ended_now, marked = cursor.fetchone()
+    if not ended_now:
         return None  # ended meanwhile (a cancel): the wait step reads what the record says
-    return _finished(current)
+    for name, value in fields.items():
+        setattr(current, name, value)
+    return result, marked
 
 
 def _expire(job, current: Attempt, spec, window: float) -> None:
@@ -638,19 +664,7 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
     provider took it (its actual cost, or all of the reservation when nobody could price it), `release`
     when it definitely did not charge; `hold` keeps it (an outcome nobody knows waits for a person). The
     reservation moves only if this execution ended the attempt."""
-    now = timezone.now()
-    fields.setdefault("finished_at", now)
-    if "duration_ms" not in fields:
-        begun = attempt.accepted_at or attempt.submitted_at or attempt.created_at
-        fields["duration_ms"] = int((now - begun).total_seconds() * 1000)
-    if output_url:
-        fields["request"] = {**attempt.request, "output_url": output_url}
-    if money == SETTLE and fields.get("cost_usd", attempt.cost_usd) is None:
-        # Nobody quoted it: derive it from the rate card (what it used, or its unit price); None stays
-        # unpriced, and the whole reservation is kept as spent.
-        derived = rate_card.cost_of(attempt.model_name, fields.get("usage", attempt.usage))
-        if derived is not None:
-            fields.update(cost_usd=derived, cost_source="derived")
+    fields = _end_fields(attempt, money=money, output_url=output_url, fields=fields)
     if money == HOLD:
         return _update(attempt, expect=expect, state=state, **fields)
     # No savepoint inside a caller's transaction (jobs.runner's ready wait): it all commits or none does.
@@ -665,6 +679,24 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
         if done is not None:  # the step this end finishes is marked done in the same commit
             done.in_transaction(mark(attempt))
     return True
+
+
+def _end_fields(attempt: Attempt, *, money: str, output_url: str | None, fields: dict) -> dict:
+    """What an attempt's end writes besides its state: when, how long, the output, the derived cost."""
+    now = timezone.now()
+    fields.setdefault("finished_at", now)
+    if "duration_ms" not in fields:
+        begun = attempt.accepted_at or attempt.submitted_at or attempt.created_at
+        fields["duration_ms"] = int((now - begun).total_seconds() * 1000)
+    if output_url:
+        fields["request"] = {**attempt.request, "output_url": output_url}
+    if money == SETTLE and fields.get("cost_usd", attempt.cost_usd) is None:
+        # Nobody quoted it: derive it from the rate card (what it used, or its unit price); None stays
+        # unpriced, and the whole reservation is kept as spent.
+        derived = rate_card.cost_of(attempt.model_name, fields.get("usage", attempt.usage))
+        if derived is not None:
+            fields.update(cost_usd=derived, cost_source="derived")
+    return fields
 
 
 def _claim_send(attempt: Attempt) -> bool:

@@ -45,10 +45,10 @@ def wait(ctx) -> dict | None:
     return attempts.wait(ctx.job, rung=ctx.rung, done=ctx.done_mark)
 
 
-def wait_ready(ctx) -> dict | None:
+def wait_ready(ctx, mark) -> tuple[dict, bool | None] | None:
     if ctx.result("submit").get("skipped"):
-        return {"skipped": True}
-    return attempts.finish_answered(ctx.job)
+        return {"skipped": True}, None
+    return attempts.finish_answered(ctx.job, mark)
 
 
 def store_output(ctx) -> dict:

@@ -34,6 +34,8 @@ from jobs.steps import (
     step_end_failed,
     step_heartbeat,
     step_hold_for_retry,
+    step_done_cte,
+    step_done_recorded,
     step_insert_done,
     step_insert_done_many,
     step_mark_done,
@@ -312,15 +314,16 @@ def _run_external(ctx: StepContext, spec: StepSpec):
 
 def _run_ready(ctx: StepContext, spec: StepSpec):
     """A wait that is over before it starts (StepSpec.ready): its writes and its done mark in one
-    transaction, no lease. (None, result) when it ran; ("wait", None) when it must wait as usual."""
-    try:
-        with transaction.atomic():
-            result = spec.ready(ctx)
-            if result is None:
-                return "wait", None
-            if not step_insert_done_many(ctx, [(spec.name, result)]):
-                raise _LostRace  # another execution has the step: its stand, our writes rolled back
-    except _LostRace:
+    statement, no lease. (None, outcome) when it ran; ("wait", None) when it must wait as usual."""
+    ready = spec.ready(ctx, lambda result, when: step_done_cte(ctx, spec.name, result, when=when))
+    if ready is None:
+        return "wait", None
+    result, marked = ready
+    if marked is None:
+        marked = step_insert_done(ctx, spec.name, result)
+    elif marked:
+        step_done_recorded(ctx, spec.name, result, marked)
+    if not marked:  # another execution has the step: take what it says
         outcome = step_adopt(ctx, spec.name)
         return None, Stop(f"another poller holds {spec.name}") if isinstance(outcome, Later) else outcome
     return None, None

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.db.models.functions import Now
 
+from config.sql import update_sql
 from jobs.models import Job, Step, StepStatus
 from jobs.workflow import Later, Stop
 
@@ -212,12 +213,8 @@ class DoneMark:
         self.result = None
 
     def with_update(self, result, queryset, fields: dict) -> bool:
-        from django.db.models.sql import UpdateQuery
-
-        query = queryset.query.chain(UpdateQuery)
-        query.add_update_values(fields)
-        update_sql, update_params = query.get_compiler(queryset.db).as_sql()
-        sql = (f"WITH work AS ({update_sql} RETURNING 1),"
+        update, update_params = update_sql(queryset, fields)
+        sql = (f"WITH work AS ({update} RETURNING 1),"
                f" mark AS (UPDATE jobs_step SET status = '{DONE}', result = %s, lease_until = NULL, finished_at = now()"
                f"           WHERE id = %s AND lease_owner = %s AND status = '{RUNNING}' AND EXISTS (SELECT 1 FROM work)"
                f"          RETURNING 1)"
@@ -281,6 +278,23 @@ def step_insert_done_many(ctx: StepContext, marks: list[tuple[str, object]]) -> 
         return False
     for name, result in marks:
         ctx.rows[name] = StepRow(inserted[name], name, DONE, result, 1, ctx.owner)
+    return True
+
+
+def step_done_cte(ctx: StepContext, name: str, result, *, when: str) -> tuple[str, list]:
+    """A step that needs no lease, recorded done, as one part (a CTE) of a caller's statement, and
+    only `when` (a condition on the statement's other parts). It returns the row's id, or nothing if
+    another execution recorded the step first; the caller passes that to step_done_recorded."""
+    sql = (f"INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until,"
+           f" started_at, finished_at) SELECT %s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now() WHERE {when}"
+           f" ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id")
+    return sql, [ctx.job.id, ctx.run, name, _json(result), ctx.owner]
+
+
+def step_done_recorded(ctx: StepContext, name: str, result, step_id: int | None) -> bool:
+    if step_id is None:
+        return False
+    ctx.rows[name] = StepRow(step_id, name, DONE, result, 1, ctx.owner)
     return True
 
 

@@ -40,8 +40,10 @@ class StepSpec:
     fn: Callable  # fn(ctx) -> JSON result; a WAIT step returns None while it is still waiting
     effect: Effect
     # A WAIT step whose work may already be over when it starts (a render finished in its submit's
-    # answer): ready(ctx) -> its result, making only database writes, or None (wait as usual). Run in a
-    # transaction with the step's done mark, with no lease: there is nothing to wait for.
+    # answer): ready(ctx, mark) -> None (wait as usual), or (result, marked) after making only database
+    # writes, with no lease: there is nothing to wait for. `mark(result, when=...)` is the step's done
+    # mark as a part of the ready work's own statement (jobs.steps.step_done_cte); marked is whether it
+    # was written, or None if the work did not carry it (the runner writes it).
     ready: Callable | None = None
 
 

@@ -163,17 +163,18 @@ def test_forged_old_unknown_and_repeated_callbacks_change_nothing_and_get_a_4xx(
     assert api.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
 
 
-def test_without_an_expected_duration_polls_back_off(api, ledger):
-    # No duration said and no callback: polls at 0.5, 1, 2, 4 s... (POLL_INTERVAL_S 0.5 here), not every 0.5 s.
+def test_without_an_expected_duration_the_fallback_polls_back_off(api, ledger):
+    # No duration said, and the callback asked for is lost: polling is the fallback, its gaps starting
+    # at POLL_CALLBACK_FACTOR x POLL_INTERVAL_S (4 x 0.5 s here) and doubling: 2, 4, 8 s, not every 0.5 s.
     ledger.faults([{"model": "video-keyed", "action": "drop_callback"}])
-    job_id = render("backoff", api, render_s=6, expected_s=None)
+    job_id = render("backoff", api, render_s=7, expected_s=None)
     assert api.wait(job_id, timeout=40)["status"] == "succeeded"
 
     polls = polls_of(ledger, job_id)
     at = [datetime.fromisoformat(p["at"].replace("Z", "+00:00")).timestamp() for p in polls]
     gaps = [later - earlier for earlier, later in zip(at, at[1:])]
-    assert 4 <= len(polls) <= 6, len(polls)  # one per 0.5 s would be 12
-    assert all(later > earlier * 1.5 for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert len(polls) == 3, len(polls)  # at 2, 4 and 8 s; one per 0.5 s would be 16
+    assert 1.5 < gaps[0] < 3 and gaps[1] > gaps[0] * 1.5, gaps
 
 
 # --- the schedule itself (executor.policy) ---------------------------------------------------------------
