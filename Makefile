@@ -36,6 +36,7 @@ bench: migrate
 	$(BIN)/python bench/api_create.py
 	$(BIN)/python bench/e2e_throughput.py
 	$(BIN)/python bench/in_flight.py
+	$(BIN)/python bench/waiting.py
 	$(BIN)/python bench/executor_overhead.py
 	$(BIN)/python bench/webhooks.py
 	$(BIN)/python bench/budget.py
