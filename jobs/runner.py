@@ -91,6 +91,13 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
         return _stopped(ctx, stop)
     recipe = RECIPES[ctx.job.kind]
     first = recipe.index(stage)
+    unfinished = _unfinished_before(ctx, recipe, first)
+    if unfinished is not None:
+        # No chain sends a stage before the ones it follows have ended (links go out as each stage
+        # ends; the sweeper resumes at the first unfinished one). A stage delivered early anyway would
+        # act on results that do not exist yet: it stops, and the chain that runs the earlier stage
+        # carries on.
+        return Stop(f"stage {stage} waits for step {unfinished}")
     for index in range(first, len(recipe.stages)):
         outcome = _run_one_stage(ctx, recipe, recipe.stages[index])
         if isinstance(outcome, Continue):
@@ -101,6 +108,15 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
             return Continue(outcome.countdown) if index == first + 1 else Resume(ctx.job.kind, index, outcome.countdown)
         return outcome
     return Done()
+
+
+def _unfinished_before(ctx: StepContext, recipe: Recipe, index: int) -> str | None:
+    """A step of a stage before `index` that is not done, or None."""
+    for stage in recipe.stages[:index]:
+        for name in stage.step_names():
+            if not (ctx.rows.get(name) and ctx.rows[name].status == StepStatus.DONE):
+                return name
+    return None
 
 
 def _run_one_stage(ctx: StepContext, recipe: Recipe, stage: Stage):

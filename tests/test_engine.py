@@ -293,3 +293,14 @@ def test_fan_out_runs_substeps_once_and_resumes_only_the_missing(api, monkeypatc
     assert runner.run_stage(job_id=job.id, run=1, stage="chapters", owner="t") == Done()
     assert calls == ["a", "b", "c"]
     assert steps(job)["seal"].result == {"chapters": ["chapter a", "chapter b", "chapter c"]}
+
+
+def test_a_stage_delivered_before_the_stages_it_follows_stops_and_touches_nothing(api, ledger):
+    job = new_job(api, input={"prompt": "early", "render_s": 1})
+    # No chain sends these before the stages before them have ended; one delivered anyway stops.
+    assert drive(job, "finish") == Stop("stage finish waits for step check_output")
+    assert drive(job, "wait") == Stop("stage wait waits for step check_output")
+    assert Step.objects.filter(job=job).count() == 0
+    assert ledger.calls() == []
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
