@@ -14,6 +14,7 @@ from config.env import (
     env_list,
     env_str,
 )
+from sandbox import callbacks as sandbox_callbacks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PAYONCE_VAR_DIR", str(BASE_DIR / "var")))
@@ -195,8 +196,8 @@ POLL_MAX_INTERVAL_S = env_float("POLL_MAX_INTERVAL_S", 30.0, minimum=0.05)
 # With a callback expected, polls are only the fallback: their gaps start this many times longer.
 POLL_CALLBACK_FACTOR = env_float("POLL_CALLBACK_FACTOR", 4.0, minimum=1.0)
 PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_URL).rstrip("/")
-SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET",
-                                  "whsec_c2FuZGJveC1jYWxsYmFjay1zZWNyZXQtZm9yLWRldmVsb3BtZW50")
+# The sandbox's own default (sandbox.callbacks imports only the standard library), so the two agree unset.
+SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", sandbox_callbacks.DEFAULT_SECRET)
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
 
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
