@@ -6,14 +6,53 @@ static files handler.
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
+import django
+from asgiref.sync import ThreadSensitiveContext
+from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does before its handler
 
-django_application = get_asgi_application()
+
+class PooledThreadsASGIHandler(ASGIHandler):
+    """Django's ASGI handler, with each request's sync code (middleware, view, ORM) on one of a few
+    long-lived threads instead of a thread made and joined for every request.
+
+    Django enters a fresh ThreadSensitiveContext per request, and asgiref gives each one a new
+    ThreadPoolExecutor: a thread started and joined per request, which was about 40% of a trivial
+    request's CPU (bench/README.md). Here a request takes the least busy of `threads` single-thread
+    executors for its whole life, so all of its sync code still runs on one thread (what thread_sensitive
+    promises: a connection is never used from two threads), and that many requests of one process can wait
+    on I/O at once. Requests that share a thread run their sync calls one after the other, each with its
+    own connection (Django keeps connections per request context, not per thread)."""
+
+    def __init__(self, threads: int):
+        super().__init__()
+        self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"web-sync-{i}")
+                           for i in range(threads)]
+        self._in_flight = [0] * threads  # touched only on the event loop's thread: no lock
+        for executor in self._executors:  # start the threads now, not at a request
+            executor.submit(int).result()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        index = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
+        self._in_flight[index] += 1
+        try:
+            async with ThreadSensitiveContext(executor=self._executors[index]):
+                await self.handle(scope, receive, send)
+        finally:
+            self._in_flight[index] -= 1
+
+
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.limits import BodyLimitMiddleware  # noqa: E402 (after Django is set up)
+
+django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 
 application = BodyLimitMiddleware(ASGIStaticFilesHandler(django_application))

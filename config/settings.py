@@ -120,6 +120,9 @@ LOGGING = {
 # web process refuses a larger one before reading it (config.limits), and drops a body that has not
 # arrived within REQUEST_BODY_TIMEOUT_S. Django enforces the same bound on request.body.
 JOB_BODY_MAX_BYTES = env_int("JOB_BODY_MAX_BYTES", 256 * 1024, minimum=1024)
+# Threads per `web` process that run Django's sync code (config.asgi): this many requests of one process
+# can wait on PostgreSQL, Redis or S3 at once; more queue for a thread.
+WEB_THREADS = env_int("WEB_THREADS", 2, minimum=1)
 REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 64 * 1024, minimum=1024)
 REQUEST_BODY_TIMEOUT_S = env_float("REQUEST_BODY_TIMEOUT_S", 10.0, minimum=0.1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = JOB_BODY_MAX_BYTES
