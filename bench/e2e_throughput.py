@@ -64,7 +64,8 @@ def post_jobs(port: int, api_key: str, count: int, threads: int = 16, body: dict
         worker.join()
 
 
-def floor(stack: Stack, jobs: int) -> float:
+def floor(stack: Stack, jobs: int) -> tuple[float, float]:
+    """Jobs per second of the no-op chain, and its whole-machine CPU ms per job."""
     from celery import chain
     from redis import Redis
 
@@ -72,14 +73,14 @@ def floor(stack: Stack, jobs: int) -> float:
 
     counter = f"bench:floor:{time.time_ns()}"
     redis = Redis.from_url(stack.env["BROKER_URL"])
-    started = time.perf_counter()
+    busy, started = busy_seconds(), time.perf_counter()
     for _ in range(jobs):
         chain(noop.si(), noop.si(), noop.si(counter)).apply_async()
     while int(redis.get(counter) or 0) < jobs:
         time.sleep(0.05)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu_ms = time.perf_counter() - started, (busy_seconds() - busy) * 1000 / jobs
     redis.delete(counter)
-    return jobs / elapsed
+    return jobs / elapsed, cpu_ms
 
 
 def payonce(stack: Stack, credentials: dict, jobs: int) -> tuple[float, dict]:
@@ -120,7 +121,7 @@ def process_cpu() -> dict[int, tuple[str, float]]:
 def _group(cmdline: str) -> str:
     # uvicorn's --workers children are multiprocessing spawns (their command line does not say uvicorn).
     for needle, name in (("uvicorn", "web"), ("multiprocessing.spawn", "web"), ("celery", "worker"), ("sandbox", "sandbox"), ("postgres", "postgres"),
-                         ("redis", "redis"), ("e2e_throughput", "load generator (this script)")):
+                         ("redis", "redis"), ("bench/", "load generator (this script)")):
         if needle in cmdline:
             return name
     return "other"
@@ -189,7 +190,7 @@ def main() -> None:
         stack.start("sandbox", ready="started server")
         stack.start("web")
         stack.start("worker", ready=" ready.")
-        floor_rate = floor(stack, args.jobs)
+        floor_rate, floor_cpu_ms = floor(stack, args.jobs)
         rate, counts = payonce(stack, credentials, args.jobs)
         # The in-process sample must not race the worker for its own jobs: they are never enqueued
         # (job_create enqueues on commit, which this process does, so stop the worker first).
@@ -204,7 +205,7 @@ def main() -> None:
 
     print(f"worker as the Procfile starts it: {stack.env.get('WORKER_CONCURRENCY', '16')} threads; "
           f"{args.jobs} jobs per phase")
-    print(f"floor   (3 no-op tasks per job)   {floor_rate:8.1f} jobs/s")
+    print(f"floor   (3 no-op tasks per job)   {floor_rate:8.1f} jobs/s   {floor_cpu_ms:.1f} ms whole-machine CPU per job")
     print(f"payonce (media, render_s 0)       {rate:8.1f} jobs/s   ratio {rate / floor_rate:.2f}")
     print(f"        succeeded {counts['succeeded']}/{args.jobs}")
     print(f"per job: {counts['messages']:.2f} Celery messages received, {counts['commits']:.2f} write commits "
