@@ -37,13 +37,13 @@ class PooledThreadsASGIHandler(ASGIHandler):
             executor.submit(int).result()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         index = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
         self._in_flight[index] += 1
         try:
+            # Django's own __call__ enters a ThreadSensitiveContext too; inside this one it is a no-op
+            # (only the outermost context without an executor takes effect), so its thread is ours.
             async with ThreadSensitiveContext(executor=self._executors[index]):
-                await self.handle(scope, receive, send)
+                await super().__call__(scope, receive, send)
         finally:
             self._in_flight[index] -= 1
 
