@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.e2e_throughput import busy_seconds, cpu_by_group, process_cpu  # noqa: E402
+from bench.figures import record  # noqa: E402
 from bench.stack import Stack, procfile_command  # noqa: E402
 
 BODY = {"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "a lighthouse at dusk", "render_s": 2}}
@@ -129,6 +130,13 @@ def main() -> None:
     replay_ratio = results["replays (POST /v1/jobs -> 202)"]["rps"] / ceiling_rps
     print(f"\ntargets: new keys >= 0.70 of the ceiling: {new_ratio:.2f} {'ok' if new_ratio >= 0.7 else 'MISSED'}; "
           f"replays >= 0.70: {replay_ratio:.2f} {'ok' if replay_ratio >= 0.7 else 'MISSED'}")
+    ceiling_result = results["ceiling (GET /v1/whoami)"]
+    for name, ratio in (("new keys (POST /v1/jobs -> 201)", new_ratio), ("replays (POST /v1/jobs -> 202)", replay_ratio)):
+        record(f"{name}: requests/s", results[name]["rps"], "req/s", baseline=ceiling_rps,
+               baseline_is="ceiling: GET /v1/whoami", ratio=ratio, target="ratio >= 0.70", met=ratio >= 0.7)
+        record(f"{name}: whole-machine CPU per request", results[name]["cpu_ms"], "ms",
+               baseline=ceiling_result["cpu_ms"], baseline_is="ceiling: GET /v1/whoami",
+               ratio=results[name]["cpu_ms"] / ceiling_result["cpu_ms"])
 
 
 if __name__ == "__main__":

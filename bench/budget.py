@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.figures import record  # noqa: E402
 from bench.stack import Stack  # noqa: E402
 
 HOT_ROW_SQL = "CREATE TABLE IF NOT EXISTS bench_hot_row (id int PRIMARY KEY, n bigint NOT NULL)"
@@ -107,6 +108,9 @@ def main() -> None:
         print(f"pairs    reserve + settle, one client month {pairs:8.1f} pairs/s     (rounds: "
               f"{', '.join(f'{r:.1f}' for r in results['pairs'])})")
         print(f"ratio    {pairs / ceiling:.2f} (target >= 0.5); after: spent {spent}, reserved {reserved}")
+        record("reserve + settle pairs/s, one client month", pairs, "pairs/s", baseline=ceiling,
+               baseline_unit="commits/s", baseline_is="ceiling: single-row UPDATE commits", ratio=pairs / ceiling,
+               target="ratio >= 0.50", met=pairs / ceiling >= 0.5)
     finally:
         Reservation.objects.filter(job=job).delete()
         BudgetMonth.objects.filter(client=client).delete()

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.figures import record  # noqa: E402
 from bench.stack import Stack  # noqa: E402
 
 BODY = {"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "bench", "render_s": 0}}
@@ -212,6 +213,14 @@ def main() -> None:
           f"(target <= 6), {statements:.1f} SQL statements (target <= 16; in-process sample: "
           f"{sample_commits:.2f} write commits), {counts['cpu_ms']:.1f} ms whole-machine CPU")
     print("CPU ms per job by process: " + ", ".join(f"{group} {ms:.1f}" for group, ms in counts["by_process"].items()))
+    floor_is = "floor: bare Celery chain of 3 no-op tasks per job"
+    record("payonce jobs/s, POST to terminal", rate, "jobs/s", baseline=floor_rate, baseline_is=floor_is,
+           ratio=rate / floor_rate)
+    record("whole-machine CPU per job", counts["cpu_ms"], "ms", baseline=floor_cpu_ms, baseline_is=floor_is,
+           ratio=counts["cpu_ms"] / floor_cpu_ms)
+    record("write commits per job", counts["commits"], "commits", target="<= 6", met=counts["commits"] <= 6)
+    record("SQL statements per job", statements, "statements", target="<= 16", met=statements <= 16)
+    record("Celery messages received per job", counts["messages"], "messages")
 
 
 if __name__ == "__main__":

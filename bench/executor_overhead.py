@@ -19,6 +19,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.figures import record  # noqa: E402
 from bench.stack import Stack  # noqa: E402
 
 
@@ -102,6 +103,10 @@ def main() -> None:
         print(f"{name:38} {row['wall']:8.2f} {row['overhead']:12.2f} {row['p99_overhead']:8.2f} "
               f"{row['cpu']:7.2f} {row['statements']:5.1f}")
     print("overhead = time in the attempt runner outside provider calls (its SQL, decisions, bookkeeping)")
+    for name, row in (("clean submit", clean), ("503, then the same key again", resent)):
+        record(f"{name}: overhead per attempt, median", row["overhead"], "ms")
+        record(f"{name}: overhead per attempt, p99", row["p99_overhead"], "ms")
+        record(f"{name}: SQL statements per attempt", row["statements"], "statements")
 
 
 if __name__ == "__main__":

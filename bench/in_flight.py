@@ -24,6 +24,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.e2e_throughput import post_jobs, received  # noqa: E402
+from bench.figures import record  # noqa: E402
 from bench.stack import Stack  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -113,6 +114,16 @@ def main() -> None:
           f"by the worker, {len(callbacks) / args.jobs:.2f} callbacks sent")
     print(f"books: {len(charges)} charges for {args.jobs} jobs, each tied to one succeeded attempt at its "
           f"quoted cost: {'balanced' if balanced else 'NOT BALANCED'}")
+    record("peak jobs in flight together", peak, "jobs", target=f"all ({args.jobs})", met=peak == args.jobs)
+    record("last job ended, after the last POST", ended - posted, "s", baseline=args.render_s,
+           baseline_is="the render's own length (--render-s, set)", ratio=(ended - posted) / args.render_s,
+           target="< 90 s", met=ended - posted < 90)
+    record("worker CPU while every job waited", (cpu_to - cpu_from) / window, "cores", target="< 0.5",
+           met=(cpu_to - cpu_from) / window < 0.5)
+    record("provider polls per job", polls / args.jobs, "polls")
+    record("Celery messages received per job", messages / args.jobs, "messages")
+    record("books: charges, each tied to one succeeded attempt at its quoted cost", len(charges), "charges",
+           target=f"balanced ({args.jobs})", met=balanced)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.e2e_throughput import post_jobs, received  # noqa: E402
+from bench.figures import record  # noqa: E402
 from bench.stack import Stack  # noqa: E402
 
 PHASES = (
@@ -83,6 +84,14 @@ def main() -> None:
         print(f"{name:20s} {polls:5.2f} polls/job  {messages:5.2f} messages/job  "
               f"({succeeded}/{args.jobs} succeeded, phase took {took:.1f} s)")
     print("targets: with callbacks <= 4 polls and <= 6 messages per job; without <= 10 polls")
+    baseline_is = f"a poll and a message every {interval:g} s (render / POLL_INTERVAL_S, computed)"
+    for name, polls, messages, took, succeeded in results:
+        callbacks = name != "no callbacks"
+        record(f"{name}: polls per job", polls, "polls", baseline=fixed, baseline_is=baseline_is,
+               ratio=polls / fixed, target="<= 4" if callbacks else "<= 10",
+               met=polls <= 4 if callbacks else polls <= 10)
+        record(f"{name}: messages per job", messages, "messages", baseline=fixed, baseline_is=baseline_is,
+               ratio=messages / fixed, target="<= 6" if callbacks else None, met=messages <= 6 if callbacks else None)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.figures import record  # noqa: E402
 from bench.stack import ROOT, Stack, free_port  # noqa: E402
 
 THREADS = 8
@@ -102,6 +103,9 @@ def main() -> None:
     print(f"ceiling  (bare requests loop, same signed payloads)   {ceiling:8.1f} deliveries/s")
     print(f"payonce  (drainer + webhooks worker as in the Procfile) {rate:8.1f} deliveries/s "
           f"({delivered} delivered)   ratio {rate / ceiling:.2f} (target >= 0.5)")
+    record("deliveries/s, drainer + webhooks worker", rate, "deliveries/s", baseline=ceiling,
+           baseline_is="ceiling: bare requests loop, same signed payloads", ratio=rate / ceiling,
+           target="ratio >= 0.50", met=rate / ceiling >= 0.5)
 
 
 if __name__ == "__main__":
