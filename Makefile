@@ -32,15 +32,9 @@ run: migrate
 test: migrate
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Every benchmark, one at a time, then one table of their figures into bench/README.md (bench/all.py).
 bench: migrate
-	$(BIN)/python bench/api_create.py
-	$(BIN)/python bench/e2e_throughput.py
-	$(BIN)/python bench/in_flight.py
-	$(BIN)/python bench/waiting.py
-	$(BIN)/python bench/executor_overhead.py
-	$(BIN)/python bench/webhooks.py
-	$(BIN)/python bench/budget.py
-	$(BIN)/python bench/report.py
+	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
 # schemathesis against /v1/schema on a stack of its own: no 5xx, every answer as the schema says.
 fuzz-api: migrate
