@@ -518,6 +518,14 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
         _send_again(job, attempt, resend, "never sent")
         return
     if caps.idempotency_key:
+        if attempt.sends >= _sends_allowed(job):
+            # Every send of the key went unanswered (or was answered 5xx): the provider may hold the work,
+            # and have charged for it. Ending it `failed` would release money that may be spent and let the
+            # runner pay another attempt for the same work (the storm found it: a charge with no cost on
+            # the attempt). Only an outcome known not to have been paid lets the runner go on (DESIGN 3),
+            # so the attempt is uncertain and a person decides.
+            _uncertain(job, attempt, spec)
+            return
         # The same key again: the provider returns the work it already has, or makes the one that never
         # arrived. Exactly one is paid.
         _send_again(job, attempt, resend, f"no answer after {attempt.sends} sends of the same key")
@@ -551,11 +559,15 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
     _uncertain(job, attempt, spec)
 
 
+def _sends_allowed(job) -> int:
+    return job.policy.get("attempts_per_model", policy.DEFAULT_ATTEMPTS_PER_MODEL)
+
+
 def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
     """The same request under the same key once more: at once, or (resend=False) after a back-off. An
-    attempt that has gone out attempts_per_model times without an answer is given up (failed), and the
-    runner decides what comes next."""
-    if attempt.sends >= job.policy.get("attempts_per_model", policy.DEFAULT_ATTEMPTS_PER_MODEL):
+    attempt known not to have been paid (never sent, or proven absent upstream) that has gone out
+    attempts_per_model times is given up (failed), and the runner decides what comes next."""
+    if attempt.sends >= _sends_allowed(job):
         _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE,
              error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
              error=f"{given_up}: {attempt.error or ''}".strip(": "))

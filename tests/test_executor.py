@@ -66,6 +66,24 @@ def test_accept_then_drop_on_a_keyed_model_pays_once_and_succeeds(jobs_worker, l
     assert job["attempts"][0]["cost_usd"] == "0.400000" and job["cost"]["total_usd"] == "0.400000"
 
 
+def test_a_keyed_attempt_whose_every_send_went_unanswered_is_uncertain_not_failed(jobs_worker, ledger, api):
+    # Found by the storm (tests/chaos): both sends of the key were accepted (charged) and their answers
+    # lost. The attempt was given up `failed` with no cost, its reservation released, and the books showed
+    # a charge payonce did not know of; with a second model in the chain it would have paid again.
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 2}])
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
+    job = run_job(api, ledger, body)
+
+    assert (job["status"], job["error"]["code"]) == ("waiting", "UNCERTAIN_SUBMIT"), job
+    assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", "uncertain")]
+    assert [c["request_id"] for c in submits(ledger, job["id"])] == [f"payonce-{job['id']}-1"] * 2
+    assert len(assert_books_balance(ledger)) == 1  # one charge, on the attempt that may have been paid
+    from billing.models import Reservation
+
+    assert Reservation.objects.get(key=f"payonce-{job['id']}-1").state == "held"  # the money is not released
+
+
 def test_accept_then_drop_on_a_lookup_model_is_reconciled_without_a_second_submit(jobs_worker, ledger, api):
     ledger.faults([{"model": "image-lookup", "action": "accept_then_drop"}])
     job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
