@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 from billing import selectors
 from billing.services import month_of
 from jobs.errors import InvalidRequest
-from jobs.serializers import ReportInputSerializer, StrictSerializer
+from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer
 
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 # What the schema says: YYYY-MM from 2000-01 on (parse_month checks the same).
@@ -60,9 +60,9 @@ class OrderCreateSerializer(StrictSerializer):
     """A paid order: the payment provider's id, the run and product it pays for, the report's input and
     the buyer's email. Unknown fields are errors, like every request body of payonce's."""
 
-    payment_id = serializers.RegexField(_VISIBLE.pattern, max_length=255)
-    run_id = serializers.RegexField(_VISIBLE.pattern, max_length=255)
-    product = serializers.RegexField(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+    payment_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
+    run_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
+    product = StrictRegexField(r"^[a-z0-9][a-z0-9._-]{0,99}$")
     input = serializers.DictField()
     email = serializers.EmailField(max_length=254)
 

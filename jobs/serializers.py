@@ -33,6 +33,17 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictRegexField(serializers.RegexField):
+    """A string matching the pattern, never a number turned into one (DRF's RegexField takes 0 for "0")."""
+
+    default_error_messages = {"not_a_string": StrictCharField.default_error_messages["invalid"]}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
 class StrictIntegerField(serializers.IntegerField):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int):

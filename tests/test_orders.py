@@ -111,6 +111,16 @@ def test_an_order_missing_a_field_is_422_and_writes_nothing(api, ledger, missing
     assert Order.objects.count() == 0 and Job.objects.count() == 0 and ledger.ledger()["charges"] == []
 
 
+@pytest.mark.parametrize("field", ["payment_id", "run_id", "product"])
+@pytest.mark.parametrize("value", [0, 42, True])
+def test_an_order_whose_id_is_not_a_string_is_422_never_turned_into_one(api, ledger, field, value):
+    # Found by schemathesis (tests/test_fuzz_api.py, --checks all): {"payment_id": 0} was the payment "0".
+    response = post_order(api, order_body(**{field: value}))
+    assert response.status_code == 422, response.content
+    assert field in response.json()["error"]["fields"]
+    assert Order.objects.count() == 0 and Job.objects.count() == 0
+
+
 def test_an_order_with_a_bad_report_input_is_422(api, ledger):
     response = post_order(api, order_body(input={"subject": SUBJECT, "chapters": ["Not A Slug"]}))
     assert response.status_code == 422 and "input" in response.json()["error"]["fields"]
