@@ -4,7 +4,7 @@ import re
 from datetime import date
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -88,6 +88,11 @@ _ORDER = inline_serializer("Order", {
 
 class OrderListCreateView(APIView):
     @extend_schema(operation_id="orders_create", request=OrderCreateSerializer,
+                   examples=[OpenApiExample("order", request_only=True, value={
+                       "payment_id": "pi_3PXk2L", "run_id": "run-42", "product": "natal-chart",
+                       "input": {"subject": {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"},
+                                 "chapters": ["sun", "moon"]},
+                       "email": "buyer@example.com"})],
                    responses={201: _ORDER, 200: _ORDER, 400: _ERROR, 401: _ERROR, 409: _ERROR, 413: _ERROR,
                               415: _ERROR, 422: _ERROR})
     def post(self, request):

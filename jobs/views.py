@@ -7,7 +7,7 @@ import re
 from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
@@ -133,6 +133,20 @@ class JobListCreateView(APIView):
             OpenApiParameter.HEADER, required=True,
             description="1 to 255 visible ASCII characters, sent once. The same key and body is the same job.",
         )],
+        # API.md's examples: what a client sends (and what the API fuzzing starts from to reach a real job).
+        examples=[
+            OpenApiExample("media", request_only=True, value={
+                "kind": "media", "models": ["sandbox/video-keyed", "sandbox/image-lookup"],
+                "input": {"prompt": "a lighthouse at dusk", "render_s": 2},
+                "policy": {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]},
+                "metadata": {"campaign": "spring"},
+            }),
+            OpenApiExample("report", request_only=True, value={
+                "kind": "report", "models": ["sandbox/llm"],
+                "input": {"subject": {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"},
+                          "chapters": ["sun", "moon"], "email": "ada@example.com"},
+            }),
+        ],
         responses={
             201: JobSerializer,
             202: OpenApiResponse(JobSerializer, description="A replay of the same key and body: the same job."),
