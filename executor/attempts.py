@@ -518,17 +518,17 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
         _send_again(job, attempt, resend, "never sent")
         return
     if caps.idempotency_key:
-        if attempt.sends >= _sends_allowed(job):
-            # Every send of the key went unanswered (or was answered 5xx): the provider may hold the work,
-            # and have charged for it. Ending it `failed` would release money that may be spent and let the
-            # runner pay another attempt for the same work (the storm found it: a charge with no cost on
-            # the attempt). Only an outcome known not to have been paid lets the runner go on (DESIGN 3),
-            # so the attempt is uncertain and a person decides.
+        # The same key again: the provider returns the work it already has, or makes the one that never
+        # arrived. Exactly one is paid. A resend costs nothing, so attempts_per_model does not bound it:
+        # giving the attempt up `failed` after N unanswered sends released money that may be spent and
+        # let the runner pay another attempt for the same work (the storm found both: a charge the
+        # attempt did not record, and a second charge after a person's retry). Only an outcome known not
+        # to have been paid lets the runner go on (DESIGN 3). It is resent until WAIT_DEADLINE_S after
+        # its intent; a provider that stays unreachable that long leaves it uncertain, for a person.
+        if (timezone.now() - attempt.created_at).total_seconds() >= settings.WAIT_DEADLINE_S:
             _uncertain(job, attempt, spec)
             return
-        # The same key again: the provider returns the work it already has, or makes the one that never
-        # arrived. Exactly one is paid.
-        _send_again(job, attempt, resend, f"no answer after {attempt.sends} sends of the same key")
+        _send_again(job, attempt, resend, bounded=False)
         return
     if caps.lookup:
         try:
@@ -563,11 +563,11 @@ def _sends_allowed(job) -> int:
     return job.policy.get("attempts_per_model", policy.DEFAULT_ATTEMPTS_PER_MODEL)
 
 
-def _send_again(job, attempt: Attempt, resend: bool, given_up: str) -> None:
+def _send_again(job, attempt: Attempt, resend: bool, given_up: str = "", *, bounded: bool = True) -> None:
     """The same request under the same key once more: at once, or (resend=False) after a back-off. An
     attempt known not to have been paid (never sent, or proven absent upstream) that has gone out
     attempts_per_model times is given up (failed), and the runner decides what comes next."""
-    if attempt.sends >= _sends_allowed(job):
+    if bounded and attempt.sends >= _sends_allowed(job):
         _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE,
              error_class=attempt.error_class or ErrorClass.SERVER_ERROR,
              error=f"{given_up}: {attempt.error or ''}".strip(": "))

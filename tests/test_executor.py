@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 import requests
+from django.conf import settings
 from django.utils import timezone
 
 from executor.models import Attempt
@@ -66,21 +67,42 @@ def test_accept_then_drop_on_a_keyed_model_pays_once_and_succeeds(jobs_worker, l
     assert job["attempts"][0]["cost_usd"] == "0.400000" and job["cost"]["total_usd"] == "0.400000"
 
 
-def test_a_keyed_attempt_whose_every_send_went_unanswered_is_uncertain_not_failed(jobs_worker, ledger, api):
+def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_paid_once(jobs_worker, ledger, api):
     # Found by the storm (tests/chaos): both sends of the key were accepted (charged) and their answers
-    # lost. The attempt was given up `failed` with no cost, its reservation released, and the books showed
-    # a charge payonce did not know of; with a second model in the chain it would have paid again.
-    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 2}])
+    # lost. The attempt was given up `failed` with no cost after attempts_per_model sends, its reservation
+    # released, and the ledger held a charge payonce did not know of; with a second model in the chain
+    # it would have paid again. A resend of the key costs nothing, so it goes out until it is answered.
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 3}])
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
     job = run_job(api, ledger, body)
 
+    assert job["status"] == "succeeded", job
+    assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", "succeeded")]
+    assert [c["request_id"] for c in submits(ledger, job["id"])] == [f"payonce-{job['id']}-1"] * 4
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_uncertain_and_held(transactional_db, ledger, api):
+    from billing.models import Reservation
+    from tests.conftest import purge_queue
+    from tests.support.procs import ProcfileProcess
+
+    purge_queue(settings.CELERY_BROKER_URL, "jobs")
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "WAIT_DEADLINE_S": 3}).start()
+    try:
+        ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 50}])
+        body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                          policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
+        job = run_job(api, ledger, body)
+    finally:
+        worker.stop()
+
+    # Not failed (the money may be spent), not the next model (that would pay twice): a person decides.
     assert (job["status"], job["error"]["code"]) == ("waiting", "UNCERTAIN_SUBMIT"), job
     assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", "uncertain")]
-    assert [c["request_id"] for c in submits(ledger, job["id"])] == [f"payonce-{job['id']}-1"] * 2
-    assert len(assert_books_balance(ledger)) == 1  # one charge, on the attempt that may have been paid
-    from billing.models import Reservation
-
+    assert {c["request_id"] for c in submits(ledger, job["id"])} == {f"payonce-{job['id']}-1"}
+    assert len(assert_books_balance(ledger)) == 1  # the provider kept one render for the key, however often sent
     assert Reservation.objects.get(key=f"payonce-{job['id']}-1").state == "held"  # the money is not released
 
 
