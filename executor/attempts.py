@@ -224,13 +224,45 @@ def _expire(job, current: Attempt, spec, window: float) -> None:
     return None
 
 
-def cancel_current(job) -> None:
+def _end_orphaned_intent(attempt: Attempt) -> float | None:
+    """A cancelled job's attempt still `submitting`: the chain stops at the cancel, so no execution will
+    resolve it, and its reservation would stay held forever (the storm found one: an upload failed, was
+    given back, then the cancel came). Once no answer can still arrive (its last send is older than a
+    send may take), it ends: with no send out, `failed` and released; after a send, `uncertain` and kept
+    as spent, unpriced (it may have been paid, and a cancel is a person's decision, as job_cancel keeps
+    uncertain spend). Conditional on (`submitting`, `sends`): a send claims the attempt by bumping `sends`
+    first (_claim_send), so a send that claimed it a moment ago keeps it and this changes nothing.
+    Returns how long until it may be ended, when that is not yet."""
+    in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
+    since_s = (timezone.now() - attempt.submitted_at).total_seconds() if attempt.submitted_at else in_flight_s
+    if attempt.sends and since_s < in_flight_s:
+        return in_flight_s - since_s  # its answer may still come, to the execution that sent it
+    unsent = attempt.sends == 0
+    state = AttemptState.FAILED if unsent else AttemptState.UNCERTAIN
+    with transaction.atomic():
+        ended = Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, sends=attempt.sends).update(
+            state=state, error_class=ErrorClass.CANCELLED if unsent else attempt.error_class,
+            error="the job was cancelled before it was sent" if unsent else
+            "the job was cancelled while the outcome of its send was unknown",
+            **_end_fields(attempt, money=RELEASE if unsent else HOLD, output_url=None, fields={}))
+        if ended and unsent:
+            billing.release(key=attempt.upstream_key)
+        elif ended:
+            billing.settle(key=attempt.upstream_key, cost=None)
+    return None
+
+
+def cancel_current(job) -> float | None:
     """The job was cancelled: stop its running attempt upstream where the provider can, and end it on
     the record (cancelled, with its duration; what it cost stays). An attempt still `submitting` is left
-    to the execution sending it: its answer, whatever it is, must reach the record first."""
+    to the execution sending it while its answer may still come (that answer must reach the record
+    first), then ended here (_end_orphaned_intent). Returns the seconds until it should be looked at
+    again, or None."""
     current = _latest(job)
+    if current is not None and current.state == AttemptState.SUBMITTING:
+        return _end_orphaned_intent(current)
     if current is None or current.state != AttemptState.RUNNING:
-        return
+        return None
     if current.upstream_id:
         services.cancel_upstream(model_spec(current.model_name), current.upstream_id)
     # Conditional on `running`: a poll that saw the render finish at the same moment keeps its success.
@@ -468,8 +500,16 @@ def _send(job, attempt: Attempt) -> None:
     fresh = getattr(attempt, "intended_now", False) and not settings.PRE_SUBMIT_CHECKS and not job.input.get("references")
     attempt.intended_now = False
     if not fresh and job_is_cancelled(job.id):
-        _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=ErrorClass.CANCELLED,
-             error="the job was cancelled")
+        if attempt.sends > 1:
+            # An earlier send of this key went out and nobody knows its outcome: it may have been paid, so
+            # releasing its reservation would lose money the ledger may hold. A cancel is a person's
+            # decision, so it stays spent, unpriced (as jobs.services.job_cancel keeps uncertain spend).
+            if _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=HOLD,
+                    error_class=attempt.error_class, error="cancelled while an earlier send's outcome was unknown"):
+                billing.settle(key=attempt.upstream_key, cost=None)
+        else:
+            _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE,
+                 error_class=ErrorClass.CANCELLED, error="the job was cancelled")
         raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
     try:
         # A send of an attempt that went out before reuses what it referred to: the same key must carry

@@ -63,8 +63,8 @@ def finish(ctx) -> dict:
     return {"won": won}
 
 
-def cancel_upstream(ctx) -> None:
-    attempts.cancel_current(ctx.job)
+def cancel_upstream(ctx) -> float | None:
+    return attempts.cancel_current(ctx.job)
 
 
 MEDIA = recipe_register(

@@ -77,7 +77,9 @@ def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
     if ctx is not None and ctx.job.status == JobStatus.CANCELLED:
         recipe = RECIPES[ctx.job.kind]
         if recipe.on_cancel is not None:
-            recipe.on_cancel(ctx)
+            again_s = recipe.on_cancel(ctx)
+            if again_s is not None:
+                return Stop(stop.reason, again_s=again_s)
     return stop
 
 

@@ -84,8 +84,11 @@ def run_substep(self, job_id: str, run: int, stage: str, key: str):
 
 @shared_task(name="jobs.stop_upstream", bind=True)
 def stop_upstream(self, job_id: str, run: int):
-    """A cancel won: stop the job's upstream work now rather than at its next poll."""
-    runner.stop_cancelled(job_id=job_id, run=run, owner=self.request.id)
+    """A cancel won: stop the job's upstream work now rather than at its next poll; and again once a send
+    whose answer may still come can no longer be answered (executor.attempts.cancel_current)."""
+    stop = runner.stop_cancelled(job_id=job_id, run=run, owner=self.request.id)
+    if stop.again_s is not None:
+        stop_upstream.apply_async((job_id, run), countdown=stop.again_s + 0.5)
 
 
 @shared_task(name="jobs.sweep")

@@ -82,7 +82,9 @@ class Stage:
 class Recipe:
     kind: str
     stages: tuple[Stage, ...]
-    on_cancel: Callable | None = None  # on_cancel(ctx): stop upstream work of a cancelled job
+    # on_cancel(ctx): stop upstream work of a cancelled job; returns seconds until it should run again
+    # (a send whose answer may still come), or None
+    on_cancel: Callable | None = None
 
     def index(self, stage_name: str) -> int:
         return next(i for i, stage in enumerate(self.stages) if stage.name == stage_name)
@@ -120,6 +122,7 @@ class Stop:
     """Nothing more for this chain: the job ended, moved on to another run, or someone else carries it."""
 
     reason: str
+    again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.tasks.stop_upstream)
 
 
 @dataclass(frozen=True)

@@ -346,6 +346,28 @@ def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker
     assert len(assert_books_balance(ledger)) == 1
 
 
+def test_a_cancel_while_an_upload_waits_to_be_tried_again_releases_the_unsent_attempt(jobs_worker, ledger, api):
+    # Found by the storm (tests/chaos): the upload failed (the send was given back, sends 0), the job was
+    # cancelled during the back-off, the chain stopped at the cancel, and the intent stayed `submitting`
+    # with its reservation held for good: money the client could never spend again.
+    from billing.models import Reservation
+
+    ledger.faults([{"model": "*", "action": "status_500", "on": "upload", "times": 6}])
+    png = b"\x89PNG\r\n\x1a\n reference"
+    body = media_body(input={"prompt": "in this style", "render_s": 0,
+                             "references": [{"data": base64.b64encode(png).decode(), "content_type": "image/png"}]})
+    response = api.create(body, key="cancel-while-uploading")
+    assert response.status_code == 201, response.content
+    job_id = response.json()["id"]
+    wait_until(lambda: Attempt.objects.filter(job_id=job_id, sends=0, state="submitting").exists(), timeout=20)
+    assert api.http.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers()).status_code == 200
+
+    wait_until(lambda: Attempt.objects.get(job_id=job_id).state != "submitting", timeout=20)
+    [attempt] = attempts(job_id)
+    assert (attempt.state, attempt.error_class, attempt.cost_usd) == ("failed", "cancelled", None)
+    assert Reservation.objects.get(key=attempt.upstream_key).state == "released"
+    assert submits(ledger, job_id) == [] and assert_books_balance(ledger) == []
+
 def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settings, monkeypatch):
     settings.PRE_SUBMIT_CHECKS = ["executor.checks.blocked_subjects"]
     monkeypatch.setenv("BLOCKED_SUBJECTS", "Alice Example, Bob")
