@@ -3,6 +3,7 @@
 import logging
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -109,6 +110,14 @@ def api_exception_handler(exc, context):
             error_body("INVALID_REQUEST", "The request body is not valid.", fields=detail),
             status=status.HTTP_422_UNPROCESSABLE_ENTITY,
         )
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # PostgreSQL restarting or unreachable (the storm restarts it): a passing outage, not a bug, so
+        # not a 500. The client sends it again: the same key gives the same job, whatever was committed.
+        logger.warning("database unavailable: %s", exc)
+        response = Response(error_body("DATABASE_UNAVAILABLE", "The database is unavailable; try again shortly."),
+                            status=503)
+        response["Retry-After"] = "1"
+        return response
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body("PAYLOAD_TOO_LARGE", "The request body is too large."), status=413)
     if isinstance(exc, Http404):

@@ -266,3 +266,20 @@ def test_openapi_schema_and_docs_are_served(db, client):
     docs = client.get("/v1/docs")
     assert docs.status_code == 200
     assert b"swagger" in docs.content.lower()
+
+
+def test_a_database_that_is_down_answers_503_with_retry_after_not_500(api, monkeypatch):
+    # The storm restarts PostgreSQL under load: a request that meets the outage gets a 503 the client
+    # retries (the same Idempotency-Key gives the same job), never an INTERNAL_ERROR.
+    from django.db import OperationalError
+
+    from jobs import services as job_services
+
+    def down(**kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(job_services, "job_create", down)
+    response = api.create(media_body(), key="db-down")
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["code"] == "DATABASE_UNAVAILABLE"
+    assert response["Retry-After"] == "1"
