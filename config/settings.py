@@ -166,6 +166,10 @@ BUDGET_MONTHLY_CAP_USD = env_decimal("BUDGET_MONTHLY_CAP_USD", "20")
 REAL_PROVIDERS = env_bool("REAL_PROVIDERS", False)
 SWEEP_INTERVAL_S = env_float("SWEEP_INTERVAL_S", 10.0, minimum=0.1)
 POLL_INTERVAL_S = env_float("POLL_INTERVAL_S", 2.0, minimum=0.05)
+# The longest back-off between tries of a step or a provider call (a provider's Retry-After aside):
+# exponential with jitter up to this (and at most 60 s). The storm lowers it, to measure recovery
+# rather than back-offs.
+RETRY_BACKOFF_MAX_S = env_float("RETRY_BACKOFF_MAX_S", 60.0, minimum=0.1)
 WEBHOOK_RETRY_SCHEDULE = env_int_list("WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000,36000")
 # A delivery's first try is enqueued when its event commits; the drainer takes the row only if that
 # message has not sent it within this grace.

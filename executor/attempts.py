@@ -252,6 +252,20 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
     return None
 
 
+def sweep_cancelled_intents(limit: int = 100) -> int:
+    """The sweeper's share of _end_orphaned_intent: a cancelled job's attempts still `submitting` once no
+    answer can come, so none is left held when stop_upstream's second look was lost (a flushed broker, a
+    database restart). Returns how many it ended."""
+    in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
+    stale = Attempt.objects.filter(state=AttemptState.SUBMITTING, job__status="cancelled",
+                                   submitted_at__lt=timezone.now() - timedelta(seconds=in_flight_s))
+    ended = 0
+    for attempt in stale.order_by("id")[:limit]:
+        if _end_orphaned_intent(attempt) is None:
+            ended += 1
+    return ended
+
+
 def cancel_current(job) -> float | None:
     """The job was cancelled: stop its running attempt upstream where the provider can, and end it on
     the record (cancelled, with its duration; what it cost stays). An attempt still `submitting` is left

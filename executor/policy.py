@@ -78,7 +78,9 @@ def retry_backoff_s(tries: int, retry_after: float | None) -> float:
     provider's Retry-After wins (within bounds)."""
     if retry_after is not None:
         return min(retry_after, RETRY_AFTER_MAX_S)
-    return backoff_s(tries, base=BACKOFF_BASE_S, cap=BACKOFF_MAX_S)
+    from django.conf import settings
+
+    return backoff_s(tries, base=BACKOFF_BASE_S, cap=min(BACKOFF_MAX_S, settings.RETRY_BACKOFF_MAX_S))
 
 
 def attempt_window_s(*, policy_window_s: float | None, provider_window_s: float | None, deadline_s: float) -> float:

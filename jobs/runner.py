@@ -392,7 +392,7 @@ def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, res
 
 def _back_off(ctx: StepContext, row: StepRow, retry: StepRetry, *, owner: str | None = None) -> Later:
     """Pause the step (its lease kept across the pause, reserved for this task or chain)."""
-    countdown = retry.countdown if retry.countdown is not None else backoff_s(row.attempts, cap=30.0)
+    countdown = retry.countdown if retry.countdown is not None else backoff_s(row.attempts, cap=min(30.0, settings.RETRY_BACKOFF_MAX_S))
     step_hold_for_retry(row.id, owner or ctx.owner, owner or ctx.task_id, countdown + settings.STEP_LEASE_S)
     logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, row.name, retry.reason, countdown)
     return Later(countdown)

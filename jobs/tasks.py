@@ -93,7 +93,10 @@ def stop_upstream(self, job_id: str, run: int):
 
 @shared_task(name="jobs.sweep")
 def sweep() -> int:
+    from executor.attempts import sweep_cancelled_intents
+
     resumed = sweeper.sweep()
+    sweep_cancelled_intents()
     for job_id, run, kind, stage_index in resumed:
         start_run(job_id, run, kind, stage_index)
     return len(resumed)

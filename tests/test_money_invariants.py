@@ -234,3 +234,29 @@ def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(ap
     assert 3 <= len(polls) <= 7  # 0.5, ~1, ~2, ~4 s: a handful within 6 s, not one per poll interval
     assert Attempt.objects.get(job=job).error_class == "window_expired"
     assert len(assert_books_balance(ledger)) == 1
+
+
+# --- a cancelled job's intents: never left holding money ---------------------------------------------------
+
+
+@pytest.mark.parametrize("sends, state, reservation", [(0, AttemptState.FAILED, "released"),
+                                                       (1, AttemptState.UNCERTAIN, "settled")])
+def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, sends, state, reservation):
+    # stop_upstream's second look can be lost with the broker; the sweeper ends the intent instead, once
+    # no answer can still come. Sent: it may have been paid, so it is kept as spent, unpriced.
+    from billing.models import Reservation
+
+    job = new_job(api)
+    attempt = attempts._intend(job, "sandbox/video-keyed")
+    long_ago = timezone.now() - timedelta(minutes=5)
+    Attempt.objects.filter(id=attempt.id).update(sends=sends, submitted_at=long_ago)
+    young = attempts._intend(new_job(api), "sandbox/video-keyed")  # its answer may still come: left alone
+    Job.objects.filter(id__in=[job.id, young.job_id]).update(status="cancelled")
+
+    assert attempts.sweep_cancelled_intents() == 1
+    attempt.refresh_from_db()
+    assert attempt.state == state
+    held = Reservation.objects.get(key=attempt.upstream_key)
+    assert held.state == reservation and held.unpriced == (sends > 0)
+    assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
+    assert attempts.sweep_cancelled_intents() == 0  # nothing twice
