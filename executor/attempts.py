@@ -686,6 +686,18 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
                    last_status=exc.status):
             _resolve(job, attempt, resend=False)
         return
+    if attempt.sends > 1 and spec.capabilities.idempotency_key:
+        # A resend of a key whose earlier send went unanswered: that send may have been accepted, and
+        # charged. This "no" answers the resend only (the storm found a 429 here ending the attempt as
+        # unpaid, its money released, with a charge in the ledger). A 429 means "not now": the same key
+        # again, later. Any other refusal cannot tell about the earlier send: uncertain, for a person.
+        if _update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
+                   last_status=exc.status):
+            if exc.kind == ErrorClass.RATE_LIMITED:
+                _resolve(job, attempt, resend=False)
+            else:
+                _uncertain(job, attempt, spec)
+        return
     retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(attempt.sends, exc.retry_after))
     _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=exc.kind, error=exc.message,
          retry_at=retry_at, last_status=exc.status, duration_ms=int((time.monotonic() - started) * 1000))

@@ -383,3 +383,22 @@ def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settin
     assert (attempt.state, attempt.error_class, attempt.sends) == ("failed", "pre_submit_refused", 1)
     assert ledger.calls() == []
     assert Step.objects.get(job=job, name="submit").status == "failed"
+
+
+@pytest.mark.parametrize("then, status, state", [
+    ({"action": "status_429", "seconds": 0.1}, "succeeded", "succeeded"),  # not now: the same key again, later
+    ({"action": "status_422"}, "waiting", "uncertain"),  # a no that cannot speak for the earlier send
+])
+def test_a_refused_resend_of_a_key_does_not_end_the_attempt_as_unpaid(jobs_worker, ledger, api, then, status, state):
+    # Found by the storm (tests/chaos): the first send was accepted (charged) and its answer lost; the
+    # resend of the same key was answered 429, and the attempt ended failed, released, while the ledger
+    # held its charge.
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}, {"model": "video-keyed", **then}])
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
+    job = run_job(api, ledger, body)
+
+    assert job["status"] == status, job
+    assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", state)]
+    assert {c["request_id"] for c in submits(ledger, job["id"])} == {f"payonce-{job['id']}-1"}
+    assert len(assert_books_balance(ledger)) == 1
