@@ -324,10 +324,10 @@ def test_a_key_the_store_cannot_hold_ends_the_job_upload_failed_before_anything_
 
 
 def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker, ledger, api):
-    # A 503 (unknown outcome: the same key again, so the same request, with the same inputs), then a
-    # 429 (a definite end: a new attempt, which uploads the references again).
-    ledger.faults([{"model": "video-keyed", "action": "status_503"},
-                   {"model": "video-keyed", "action": "status_429", "seconds": 0.1}])
+    # A 429 (a definite end: a new attempt, which uploads the references again), then a 503 (unknown
+    # outcome: the same key again, so the same request, with the same inputs).
+    ledger.faults([{"model": "video-keyed", "action": "status_429", "seconds": 0.1},
+                   {"model": "video-keyed", "action": "status_503"}])
     png = b"\x89PNG\r\n\x1a\n reference"
     body = media_body(input={"prompt": "in this style", "render_s": 0,
                              "references": [{"data": base64.b64encode(png).decode(), "content_type": "image/png"}]})
@@ -336,8 +336,8 @@ def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker
     assert job["status"] == "succeeded", job
     calls = [c for c in ledger.calls() if c["kind"] in ("upload", "submit")]
     assert [(c["kind"], c["request_id"]) for c in calls] == [
-        ("upload", None), ("submit", f"payonce-{job['id']}-1"), ("submit", f"payonce-{job['id']}-1"),
-        ("upload", None), ("submit", f"payonce-{job['id']}-2"),
+        ("upload", None), ("submit", f"payonce-{job['id']}-1"),
+        ("upload", None), ("submit", f"payonce-{job['id']}-2"), ("submit", f"payonce-{job['id']}-2"),
     ]
     uploaded = requests.get(f"{ledger.url}/v1/inputs/inp_000001/content", timeout=5).content
     assert uploaded == png
