@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install migrate run test bench fuzz-api clean
+.PHONY: install migrate run test bench fuzz-api chaos clean
 
 $(BIN)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ bench: migrate
 # that wrote a row, queued a task or called a provider (tests/fuzz/api_schemathesis.py --help).
 fuzz-api: migrate
 	$(BIN)/python tests/fuzz/api_schemathesis.py
+
+# The storm (tests/chaos): 500 paid jobs through faults, kills, a broker flush and a PostgreSQL restart,
+# checked from the outside; prints one screen and fails if any check does. CHAOS_SEED=N replays a storm,
+# BROKER=amqp runs it on RabbitMQ, HOSTS=1 puts every process in a network namespace of its own (root).
+chaos: install
+	$(BIN)/python -m tests.chaos $(if $(BROKER),--broker $(BROKER)) $(if $(filter 1,$(HOSTS)),--hosts) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -23,6 +23,7 @@ class Received:
     overlapped: bool  # another request with the same webhook-id was in flight at the same moment
     peer: tuple = ()  # the client's address: one per TCP connection
     path: str = ""
+    status: int = 0  # what the receiver answered
 
 
 @dataclass
@@ -37,7 +38,8 @@ class WebhookReceiver:
     """`answers` is consumed in order, one per request; `default` answers the rest. `on_request(received)`
     runs before the answer is written (a test can crash a dispatcher there)."""
 
-    def __init__(self, secret: str | None = None, *, default: Answer | None = None, hold_s: float = 0.0):
+    def __init__(self, secret: str | None = None, *, default: Answer | None = None, hold_s: float = 0.0,
+                 host: str = "127.0.0.1"):
         self.secrets = [secret] if secret else []
         self.default = default or Answer()
         self.answers: list[Answer] = []
@@ -59,10 +61,10 @@ class WebhookReceiver:
                 headers = {key.lower(): value for key, value in self.headers.items()}
                 receiver._handle(self, body, headers, self.client_address, self.path)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.server.request_queue_size = 256
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        self.url = f"http://{host}:{self.server.server_address[1]}/hooks"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "WebhookReceiver":
@@ -90,7 +92,8 @@ class WebhookReceiver:
             answer = self.answers.pop(0) if self.answers else self.default
         try:
             received = Received(webhook_id, headers.get("webhook-timestamp", ""), headers.get("webhook-signature", ""),
-                                body, headers, time.time(), self.verify(body, headers), overlapped, peer, path)
+                                body, headers, time.time(), self.verify(body, headers), overlapped, peer, path,
+                                answer.status)
             with self._lock:
                 self.requests.append(received)
             if self.on_request is not None:

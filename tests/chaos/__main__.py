@@ -1,0 +1,5 @@
+import sys
+
+from tests.chaos.storm import main
+
+sys.exit(main())

@@ -1,0 +1,378 @@
+"""What the storm checks when it has settled, from the outside only: the jobs as the HTTP API shows them,
+the sandbox's ledger (the ground truth of what was paid), the receiver's log, and the budget rows for the
+cap (sampled while it ran). Each check adds a line to the one-screen summary and fails the storm if it
+finds anything.
+
+Money, in Decimal, never float:
+- every ledger charge maps to exactly one attempt (by the upstream key it arrived with, and its
+  request_id where the model takes one), of the same model, job and number;
+- every attempt that claims a charge (it records a cost, or it succeeded) has exactly one, for the same
+  amount; a charge on an attempt that claims none is allowed only on an `uncertain` attempt (payonce says
+  it does not know, and a person decides), and is shown;
+- payonce's recorded cost equals the ledger's, per attempt, per job and in total (the uncertain charges
+  aside, shown beside it);
+- a duplicate paid call: a second charged attempt in one job (one chapter, for reports) after an earlier
+  charged attempt that had not failed. On keyed and lookup models there must be none; on blind models
+  (image-blind, llm) only after an `uncertain` attempt a person retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import psycopg
+
+BLIND = {"image-blind", "llm"}  # neither a key nor a lookup: only a person may pay again
+FAMILY_OF_MODEL = {"video-keyed": "keyed", "image-lookup": "lookup", "image-blind": "blind", "llm": "blind"}
+
+
+@contextlib.contextmanager
+def pg(url: str):
+    with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=3) as conn:
+        yield conn
+
+
+# -- reading a job -------------------------------------------------------------------------------------
+
+
+def error_code(job: dict) -> str | None:
+    return (job.get("error") or {}).get("code")
+
+
+def at_rest(job: dict) -> bool:
+    """Terminal, or waiting on a person after an uncertain submit."""
+    return job["status"] in ("succeeded", "failed", "cancelled") or (
+        job["status"] == "waiting" and error_code(job) == "UNCERTAIN_SUBMIT")
+
+
+def signature(job: dict) -> str:
+    """What a watcher sees change as a job makes progress."""
+    attempts = ",".join(f"{a['number']}{a['state'][:3]}" for a in job["attempts"])
+    chapters = sum(1 for c in job.get("chapters") or [] if c["status"] == "done")
+    return f"{job['status']}|{attempts}|{chapters}"
+
+
+def attempt_numbers(job: dict) -> list[int]:
+    return sorted(a["number"] for a in job["attempts"])
+
+
+def segments(job: dict) -> dict[str, list[dict]]:
+    """A job's attempts grouped by the one thing each group pays for: the render, or each chapter and the
+    synthesis of a report."""
+    chapter_of = {}
+    for chapter in job.get("chapters") or []:
+        for attempt in chapter["attempts"]:
+            chapter_of[attempt["upstream_key"]] = chapter["key"]
+    groups = defaultdict(list)
+    for attempt in sorted(job["attempts"], key=lambda a: a["number"]):
+        groups[chapter_of.get(attempt["upstream_key"], "main")].append(attempt)
+    return groups
+
+
+def expected_events(storm, final: dict) -> set[str]:
+    """The webhook-ids the storm's jobs must have delivered: each run's end (a run a person retried
+    ended waiting on an uncertain submit, so its event was needs_review)."""
+    events = set()
+    for job in final.values():
+        if not job:
+            continue
+        for run in range(1, job["run"]):
+            events.add(f"{job['id']}:{run}:generation.needs_review")
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            events.add(f"{job['id']}:{job['run']}:generation.{job['status']}")
+        elif at_rest(job):
+            events.add(f"{job['id']}:{job['run']}:generation.needs_review")
+    return events
+
+
+# -- the checks ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    failures: list[str] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def fail(self, message: str) -> None:
+        self.failures.append(message)
+
+
+def run_all(storm, final: dict, ledger: dict) -> Result:
+    result = Result()
+    check_jobs(storm, final, result)
+    check_books(storm, final, ledger, result)
+    check_deliveries(storm, final, result)
+    check_cap(storm, final, result)
+    recovery(storm, result)
+    for what in storm.record.unexpected:
+        result.fail(f"unexpected: {what}")
+    # A 503 (PostgreSQL restarting: DATABASE_UNAVAILABLE, with Retry-After) is an answer a client
+    # retries; any other 5xx is a bug.
+    for error in [e for e in storm.record.server_errors if e[3] != 503][:5]:
+        result.fail(f"a {error[3]} answer: {error}")
+    return result
+
+
+def check_jobs(storm, final: dict, result: Result) -> None:
+    record = storm.record
+    lost = [job.key for job in storm.plan.jobs if final.get(job.key) is None]
+    for key, answers in record.answers.items():
+        if len({job_id for _, job_id in answers}) != 1:
+            result.fail(f"one key, two jobs: {key} {answers}")
+    stuck = [job for job in final.values() if job and not at_rest(job)]
+    for key in lost[:5]:
+        result.fail(f"lost: {key} (no job answered, or it cannot be read)")
+    for job in stuck[:5]:
+        result.fail(f"stuck: {job['id']} {job['status']} {error_code(job)}")
+    if len(lost) > 5 or len(stuck) > 5:
+        result.fail(f"... {len(lost)} lost and {len(stuck)} stuck in all")
+    result.figures["lost"], result.figures["stuck"] = len(lost), len(stuck)
+    result.figures["end states"] = Counter(
+        f"{job['status']}" + (f" {error_code(job)}" if error_code(job) else "") for job in final.values() if job)
+    replays = Counter(status for answers in record.answers.values() for status, _ in answers)
+    result.figures["answers"] = replays
+
+
+def check_books(storm, final: dict, ledger: dict, result: Result) -> None:
+    attempts = {}  # upstream key -> (job, attempt)
+    for job in final.values():
+        if job:
+            for attempt in job["attempts"]:
+                attempts[attempt["upstream_key"]] = (job, attempt)
+    paid = defaultdict(list)
+    for charge in ledger["charges"]:
+        metadata = charge.get("metadata") or {}
+        key = metadata.get("upstream_key")
+        if key not in attempts:
+            result.fail(f"a charge with no attempt: {charge}")
+            continue
+        job, attempt = attempts[key]
+        if charge.get("request_id") is not None and charge["request_id"] != key:
+            result.fail(f"request_id and upstream_key disagree: {charge}")
+        if (attempt["provider"], attempt["model"]) != ("sandbox", charge["model"]) or \
+                metadata.get("payonce_job") != job["id"] or metadata.get("payonce_attempt") != attempt["number"]:
+            result.fail(f"a charge that names another attempt: {charge} vs {attempt}")
+        paid[key].append(charge)
+
+    recorded, uncertain_paid = Decimal(0), Decimal(0)
+    uncertain_charged = 0
+    for key, (job, attempt) in attempts.items():
+        charges = paid.get(key, [])
+        if len(charges) > 1:
+            result.fail(f"attempt {key} charged {len(charges)} times")
+        claims = attempt["cost_usd"] is not None or attempt["state"] == "succeeded"
+        if claims and len(charges) != 1:
+            result.fail(f"attempt {key} ({attempt['state']}) claims a charge; the ledger has {len(charges)}")
+        if not claims and charges:
+            if attempt["state"] == "uncertain":
+                uncertain_charged += 1
+                uncertain_paid += Decimal(charges[0]["amount_usd"])
+            else:
+                result.fail(f"attempt {key} ({attempt['state']}) was charged but does not say so")
+        if attempt["cost_usd"] is not None:
+            cost = Decimal(attempt["cost_usd"])
+            recorded += cost
+            if charges and Decimal(charges[0]["amount_usd"]) != cost:
+                result.fail(f"attempt {key} records {cost}, the ledger charged {charges[0]['amount_usd']}")
+    for job in final.values():
+        if job:
+            mine = sum((Decimal(c["amount_usd"]) for a in job["attempts"] if a["cost_usd"] is not None
+                        for c in paid.get(a["upstream_key"], [])), Decimal(0))
+            if Decimal(job["cost"]["total_usd"]) != mine:
+                result.fail(f"job {job['id']} costs {job['cost']['total_usd']}, its charges {mine}")
+    total = sum((Decimal(c["amount_usd"]) for c in ledger["charges"]), Decimal(0))
+    if total != Decimal(ledger["total_usd"]):
+        result.fail(f"the ledger's total {ledger['total_usd']} is not its charges' {total}")
+    if recorded + uncertain_paid != total:
+        result.fail(f"payonce recorded {recorded} + uncertain {uncertain_paid} != ledger {total}")
+
+    # Duplicate paid calls.
+    duplicates, paid_failures, person_paid_again, rule_paid_again = [], 0, 0, 0
+    for job in final.values():
+        if not job:
+            continue
+        for segment, group in segments(job).items():
+            charged = [a for a in group if paid.get(a["upstream_key"])]
+            for earlier, later in zip(charged, charged[1:]):
+                if earlier["state"] == "failed" and earlier["cost_usd"] is not None:
+                    paid_failures += 1  # the provider charged for a render it failed; a new attempt is a new call
+                    continue
+                retried_after = storm.record.retries.get(job["id"])
+                by_person = (earlier["state"] == "uncertain" and retried_after is not None
+                             and earlier["number"] in retried_after and later["number"] not in retried_after)
+                if by_person and earlier["model"] in BLIND:
+                    person_paid_again += 1
+                    continue
+                if earlier["state"] == "uncertain" and earlier["model"] == "llm" and job["kind"] == "report":
+                    # DESIGN 7: a chapter's LLM call makes up to 3 attempts on 5xx and network errors, an
+                    # explicit rule's decision to pay again for a cheap call. Never silent: the uncertain
+                    # attempt stays in the job, and its reservation is spent, unpriced (spend shows it).
+                    rule_paid_again += 1
+                    continue
+                duplicates.append((job["id"], segment, earlier["upstream_key"], earlier["state"],
+                                   later["upstream_key"], "after a person's retry" if by_person else "silent"))
+    for duplicate in duplicates[:5]:
+        result.fail(f"duplicate paid call: {duplicate}")
+    result.figures.update({
+        "charges": len(ledger["charges"]), "dollars": total, "recorded": recorded,
+        "uncertain charged": (uncertain_charged, uncertain_paid), "duplicate paid calls": len(duplicates),
+        "paid failures then a new attempt": paid_failures, "person paid again": person_paid_again,
+        "rule paid again": rule_paid_again,
+        "attempts": len(attempts),
+    })
+
+
+def check_deliveries(storm, final: dict, result: Result) -> None:
+    import json
+
+    receiver = storm.receiver
+    client_of_job = {}
+    for plan in storm.plan.jobs:
+        job = final.get(plan.key)
+        if job:
+            client_of_job[job["id"]] = plan.client
+    expected = expected_events(storm, final)
+    requests_ = list(receiver.requests)
+    acked, seen_as = set(), {}
+    bad_signature = 0
+    for r in requests_:
+        if not (r.verified and getattr(r, "own_secret", False)):
+            bad_signature += 1
+        try:
+            body = json.loads(r.body)
+        except ValueError:
+            result.fail(f"a delivery that is not JSON: {r.body[:100]!r}")
+            continue
+        if body.get("id") != r.webhook_id:
+            result.fail(f"webhook-id {r.webhook_id} carries envelope {body.get('id')}")
+        seen_as.setdefault(r.webhook_id, (body.get("type"), (body.get("data") or {}).get("id")))
+        if seen_as[r.webhook_id] != (body.get("type"), (body.get("data") or {}).get("id")):
+            result.fail(f"webhook-id {r.webhook_id} sent as two different events")
+        job_id = (body.get("data") or {}).get("id")
+        if r.path != f"/hooks/{client_of_job.get(job_id)}":
+            result.fail(f"job {job_id}'s event went to {r.path}")
+        if r.status < 300:
+            acked.add(r.webhook_id)
+    if bad_signature:
+        result.fail(f"{bad_signature} deliveries not signed with their client's secret")
+    missing, extra = expected - acked, set(seen_as) - expected
+    for event in sorted(missing)[:5]:
+        result.fail(f"never delivered: {event}")
+    for event in sorted(extra)[:5]:
+        result.fail(f"an event for something that did not happen: {event}")
+    after_ack = Counter()
+    first_ack = {}
+    for r in requests_:
+        if r.webhook_id in first_ack:
+            after_ack[r.webhook_id] += 1
+        elif r.status < 300:
+            first_ack[r.webhook_id] = r
+    result.figures.update({
+        "events expected": len(expected), "events delivered": len(acked & expected), "deliveries": len(requests_),
+        "deliveries failed by the receiver": sum(1 for r in requests_ if r.status >= 300),
+        "redelivered after a 2xx": sum(after_ack.values()), "missing": len(missing),
+    })
+
+
+def check_cap(storm, final: dict, result: Result) -> None:
+    record = storm.record
+    for breach in record.cap_breaches[:5]:
+        result.fail(f"spent + reserved > cap: {breach}")
+    if record.cap_samples < max(5, int(storm.elapsed["total"] * 0.5)):
+        result.fail(f"only {record.cap_samples} cap samples in {storm.elapsed['total']:.0f} s")
+    from tests.chaos.storm import CAPS
+
+    for name in CAPS:
+        spend = storm.api("GET", name, "/v1/spend").json()
+        if Decimal(spend["spent_usd"]) + Decimal(spend["reserved_usd"]) > Decimal(spend["cap_usd"]):
+            result.fail(f"{name}'s spend at the end is over its cap: {spend}")
+        jobs = [final[plan.key] for plan in storm.plan.jobs if plan.client == name and final.get(plan.key)]
+        mine = sum((Decimal(job["cost"]["total_usd"]) for job in jobs), Decimal(0))
+        unpriced = sum(job["cost"]["unpriced_attempts"] for job in jobs)
+        # Spent is the jobs' recorded cost, plus, for each attempt nobody could price, its reservation.
+        # The jobs count every attempt nobody could price; the spend only those a person (or the rule
+        # for cheap calls) has decided about: an uncertain attempt's money is reserved until then.
+        if spend["unpriced_attempts"] > unpriced:
+            result.fail(f"{name}'s spend counts {spend['unpriced_attempts']} unpriced attempts, its jobs {unpriced}")
+        if Decimal(spend["spent_usd"]) < mine or (unpriced == 0 and Decimal(spend["spent_usd"]) != mine):
+            result.fail(f"{name}'s spend says {spend['spent_usd']}, its jobs cost {mine} ({unpriced} unpriced)")
+        result.figures[f"spend {name}"] = spend
+    result.figures["cap samples"] = (record.cap_samples, record.cap_gaps, len(record.cap_breaches))
+
+
+def recovery(storm, result: Result) -> None:
+    """After the broker flush and the PostgreSQL restart: how long until each job that was in flight
+    showed progress again (its status, an attempt, a chapter: what a watcher of the API sees)."""
+    from tests.chaos.storm import percentile
+
+    record = storm.record
+    for name, started in (("broker flush", record.events.get("broker flush")),
+                          ("postgres restart", record.events.get("postgres restart"))):
+        if started is None:
+            continue
+        waits = []
+        for history in record.progress.values():
+            before = [sig for t, sig in history if t <= started]
+            if not before or before[-1] == "ended":
+                continue
+            after = [t for t, sig in history if t > started]
+            if after:
+                waits.append(after[0] - started)
+        result.figures[f"recovery after {name}"] = (len(waits), percentile(waits, 0.5), percentile(waits, 0.99))
+    if "postgres back" in record.events:
+        result.figures["postgres down"] = record.events["postgres back"] - record.events["postgres restart"]
+
+
+# -- the screen ----------------------------------------------------------------------------------------
+
+
+def summary(storm, final: dict, ledger: dict, result: Result) -> str:
+    f, record, args = result.figures, storm.record, storm.args
+    lines = [
+        "",
+        f"== payonce storm  CHAOS_SEED={args.seed}  jobs={args.jobs}  broker={args.broker}  "
+        f"hosts={'netns' if args.hosts else 'one'}  {storm.elapsed['total']:.0f} s "
+        f"(jobs sent over {storm.elapsed['submit']:.0f} s) ==",
+        "faults injected: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.faults.items())),
+        "kills: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.kills.items()))
+        + f"; broker flushed x{int('broker flush' in record.events)}; postgres restarted "
+          f"x{int('postgres restart' in record.events)}",
+        "aimed kills: " + "; ".join(", ".join(f"{k}={v}" for k, v in aim.items() if k != "aim") + f" ({aim['aim']})"
+                                    for aim in record.aimed),
+        "POSTs: " + ", ".join(f"{k} x{v}" for k, v in sorted(f["answers"].items())) + "; failed and sent again: "
+        + (", ".join(f"{k} x{v}" for k, v in sorted(record.post_errors.items())) or "none")
+        + f"; cancels: {dict(record.cancels)}; person retries: {len(record.retries)}",
+        f"5xx answers seen: {len(record.server_errors)}"
+        + (f" (first: {record.server_errors[0]})" if record.server_errors else ""),
+        "jobs by end state: " + ", ".join(f"{k} {v}" for k, v in sorted(f["end states"].items())),
+        f"lost {f['lost']}  stuck {f['stuck']}",
+        f"ledger: {f['charges']} charges, ${f['dollars']}; payonce recorded ${f['recorded']}; "
+        f"uncertain and charged: {f['uncertain charged'][0]} (${f['uncertain charged'][1]})",
+        f"duplicate paid calls {f['duplicate paid calls']}; paid failures then a new attempt "
+        f"{f['paid failures then a new attempt']}; blind, paid again after a person's retry "
+        f"{f['person paid again']}; LLM chapters paid again by their rule after an uncertain call "
+        f"{f['rule paid again']}",
+        f"webhooks: {f['events delivered']}/{f['events expected']} events delivered, {f['deliveries']} deliveries, "
+        f"{f['deliveries failed by the receiver']} failed by the receiver, {f['redelivered after a 2xx']} "
+        f"redelivered after a 2xx (deduped by webhook-id); missing {f['missing']}",
+        "cap: {} samples, {} unreadable, {} over the cap; ".format(*f["cap samples"])
+        + "; ".join(f"{name} spent {f[f'spend {name}']['spent_usd']} reserved {f[f'spend {name}']['reserved_usd']} "
+                    f"cap {f[f'spend {name}']['cap_usd']}" for name in ("alpha", "beta", "capped")),
+    ]
+    for name in ("broker flush", "postgres restart"):
+        figure = f.get(f"recovery after {name}")
+        if figure:
+            n, p50, p99 = figure
+            lines.append(f"recovery after {name}: {n} jobs in flight, progress again p50 "
+                         f"{p50 if p50 is None else round(p50, 1)} s, p99 {p99 if p99 is None else round(p99, 1)} s"
+                         + (f" (down {f['postgres down']:.1f} s)" if name == "postgres restart" and "postgres down" in f else ""))
+    lines.append("RESULT: " + ("PASS" if result.ok else f"FAIL ({len(result.failures)})"))
+    lines.extend(f"  - {failure}" for failure in result.failures[:25])
+    return "\n".join(lines)

@@ -1,0 +1,308 @@
+"""The storm's stack: every Procfile process as a real process (each in a network namespace of its own
+with HOSTS=1), the sandbox provider, a moto S3 server (HOSTS=1) and the services they reach, on a
+database, a broker database (or RabbitMQ vhost) and an output store of the storm's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_CLUSTER = ("15", "main")
+
+
+def procfile_command(name: str) -> str:
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return line.split(":", 1)[1].strip()
+    raise KeyError(name)
+
+
+def free_port() -> int:
+    from tests.support.sandbox import free_port as free
+
+    return free()
+
+
+class Proc:
+    """One process in its own process group, started again and again under the same name and log."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, log_dir: Path, ready: str | None = None,
+                 ready_url: str | None = None):
+        self.name, self.argv, self.env, self.ready, self.ready_url = name, argv, env, ready, ready_url
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 60.0) -> "Proc":
+        if self.alive:  # a second start would orphan the first process, still consuming and writing
+            raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.output(offset)[-3000:]}")
+            if self._ready(offset):
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.output(offset)[-3000:]}")
+
+    def _ready(self, offset: int) -> bool:
+        if self.ready_url:
+            try:
+                return requests.get(self.ready_url, timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+        return self.ready is None or self.ready in self.output(offset)
+
+    def output(self, offset: int = 0) -> str:
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(offset)
+                return handle.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def kill(self) -> None:
+        """SIGKILL the whole group: no shutdown, no acknowledgements, a crash."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        self._reap()
+
+    def stop(self) -> None:
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def _reap(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Stack:
+    """Everything a storm runs against. `hosts` (tests.chaos.hosts.Hosts, or None) puts web, the two
+    workers, webhooks and beat each in a namespace of its own."""
+
+    def __init__(self, *, broker: str, database: str, redis_db: int, hosts=None, workers: int = 2):
+        self.broker, self.database, self.redis_db, self.hosts, self.workers = broker, database, redis_db, hosts, workers
+        self.workdir = Path(tempfile.mkdtemp(prefix="payonce-chaos-"))
+        self.procs: dict[str, Proc] = {}
+        self.moto = None
+        gateway = hosts.gateway if hosts else "127.0.0.1"
+        self.service_host = gateway  # where PostgreSQL, Redis, RabbitMQ, the sandbox and S3 are reached
+        self.web_host = hosts.address("web") if hosts else "127.0.0.1"
+        self.web_port, self.sandbox_port = free_port(), free_port()
+        self.web_url = f"http://{self.web_host}:{self.web_port}"
+        self.sandbox_url = f"http://{gateway}:{self.sandbox_port}"
+        pg = hosts.forward(5432) if hosts else "127.0.0.1:5432"
+        self.database_url = f"postgres://{pg}/{database}"
+        self.local_database_url = f"postgres://127.0.0.1:5432/{database}"
+        if broker == "amqp":
+            rabbit = hosts.forward(5672) if hosts else "127.0.0.1:5672"
+            self.vhost = database
+            self.broker_url = f"amqp://guest:guest@{rabbit}/{self.vhost}"
+            self.local_broker_url = f"amqp://guest:guest@127.0.0.1:5672/{self.vhost}"
+            cache = ""
+        else:
+            redis = hosts.forward(6379) if hosts else "127.0.0.1:6379"
+            self.broker_url = f"redis://{redis}/{redis_db}"
+            self.local_broker_url = f"redis://127.0.0.1:6379/{redis_db}"
+            cache = self.broker_url
+        self.env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "PYTHONUNBUFFERED": "1",
+            "DATABASE_URL": self.database_url,
+            "BROKER_URL": self.broker_url,
+            "CACHE_URL": cache,
+            "SANDBOX_URL": self.sandbox_url,
+            "PAYONCE_VAR_DIR": str(self.workdir / "var"),
+            "PORT": str(self.web_port),
+            "HOST": self.web_host,
+            "ALLOWED_HOSTS": f"127.0.0.1,localhost,{self.web_host}",
+            "PUBLIC_BASE_URL": self.web_url,
+            "PROVIDER_CALLBACK_BASE_URL": self.web_url,
+            "EMAIL_URL": "console://",
+            # Recovery in seconds, not minutes, so a storm fits a CI run (tests.support.procs.Stack).
+            "SWEEP_INTERVAL_S": "1", "STEP_LEASE_S": "3", "ENQUEUE_LEASE_S": "4", "POLL_INTERVAL_S": "0.5",
+            "POLL_MAX_INTERVAL_S": "3", "RETRY_BACKOFF_MAX_S": "5", "WORKER_CONCURRENCY": "8", "WAIT_DEADLINE_S": "90",
+            "PROVIDER_READ_TIMEOUT_S": "10", "LLM_READ_TIMEOUT_S": "10",
+            # The receiver fails 30% of deliveries: eleven tries in about 40 s make a dead letter a one in a
+            # million event, so a dead letter in the storm means a bug, not bad luck.
+            "WEBHOOK_ALLOW_PRIVATE": "1", "WEBHOOK_RETRY_SCHEDULE": "1,1,2,2,3,3,4,5,5,6,6",
+            "WEBHOOK_SEND_LEASE_S": "3", "WEBHOOK_FIRST_TRY_GRACE_S": "1", "WEBHOOK_DRAIN_INTERVAL_S": "1",
+        }
+        if hosts:
+            self.env.update({"AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos",
+                             "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": "/dev/null",
+                             "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"})
+        else:
+            self.env["OUTPUT_STORE_URL"] = f"file://{self.workdir / 'outputs'}"
+        self.local_env = {**self.env, "DATABASE_URL": self.local_database_url,
+                          "BROKER_URL": self.local_broker_url,
+                          "CACHE_URL": self.local_broker_url if broker == "redis" else ""}
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """A fresh database and broker of the storm's own; the S3 bucket with HOSTS=1."""
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c",
+                        f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)'], check=True, capture_output=True)
+        if self.broker == "amqp":
+            subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
+            subprocess.run(["rabbitmqctl", "-q", "add_vhost", self.vhost], check=True, capture_output=True)
+            subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*"],
+                           check=True, capture_output=True)
+        else:
+            import redis
+
+            redis.Redis.from_url(self.local_broker_url).flushdb()
+        if self.hosts:
+            from tests.support.moto_server import MotoServer
+
+            self.moto = MotoServer(host=self.service_host).start()
+            self.env["AWS_ENDPOINT_URL"] = self.local_env["AWS_ENDPOINT_URL"] = self.moto.url
+            self.env["OUTPUT_STORE_URL"] = self.local_env["OUTPUT_STORE_URL"] = "s3://chaos-outputs/payonce"
+            self.s3().create_bucket(Bucket="chaos-outputs")
+        self.manage("migrate", "--noinput")
+
+    def s3(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.moto.url, aws_access_key_id="chaos",
+                            aws_secret_access_key="chaos", region_name="us-east-1")
+
+    def manage(self, *args: str) -> str:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.local_env, check=True,
+                              capture_output=True, text=True).stdout
+
+    def create_client(self, name: str, webhook_url: str, cap: str) -> dict:
+        return json.loads(self.manage("create_client", name, "--webhook-url", webhook_url, "--monthly-cap-usd", cap))
+
+    def _command(self, host: str | None, command: str) -> list[str]:
+        argv = ["bash", "-c", f"exec {command}"]
+        return self.hosts.command(host, argv) if self.hosts and host else argv
+
+    def start(self) -> None:
+        sandbox_env = {**self.env, "SANDBOX_HOST": self.service_host, "SANDBOX_PORT": str(self.sandbox_port),
+                       "SANDBOX_STATE_DIR": str(self.workdir / "sandbox")}
+        self.procs["sandbox"] = Proc("sandbox", [sys.executable, "-m", "sandbox"], sandbox_env, self.workdir,
+                                     ready_url=f"{self.sandbox_url}/healthz")
+        self.procs["web"] = Proc("web", self._command("web", procfile_command("web")), self.env, self.workdir,
+                                 ready_url=f"{self.web_url}/v1/schema")
+        worker = procfile_command("worker")
+        for n in range(self.workers):
+            # Two workers on one machine need two node names (Celery warns about a clash otherwise).
+            command = worker.replace("--hostname jobs@%h", f"--hostname jobs{n}@%h")
+            self.procs[f"worker{n}"] = Proc(f"worker{n}", self._command(f"worker{n}", command), self.env,
+                                            self.workdir, ready=" ready.")
+        self.procs["webhooks"] = Proc("webhooks", self._command("webhooks", procfile_command("webhooks")), self.env,
+                                      self.workdir, ready=" ready.")
+        self.procs["beat"] = Proc("beat", self._command("beat", procfile_command("beat")), self.env, self.workdir,
+                                  ready="beat: Starting")
+        for proc in self.procs.values():
+            proc.start()
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def flush_broker(self) -> None:
+        """Lose every queued and unacknowledged message of this storm's broker (nobody else's)."""
+        if self.broker == "amqp":
+            from kombu import Connection
+
+            with Connection(self.local_broker_url) as conn:
+                for queue in ("jobs", "webhooks"):
+                    try:
+                        conn.default_channel.queue_purge(queue)
+                    except Exception:  # a queue not declared yet has nothing to lose
+                        pass
+        else:
+            import redis
+
+            redis.Redis.from_url(self.local_broker_url).flushdb()
+
+    def restart_postgres(self) -> float:
+        """Restart the PostgreSQL cluster (fast shutdown: every connection is cut); returns when it answers."""
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "restart", "-m", "fast"],
+                       check=True, capture_output=True)
+        deadline = time.monotonic() + 60
+        while subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"]).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("PostgreSQL did not come back within 60 s")
+            time.sleep(0.1)
+        return time.time()
+
+    def crash_sandbox(self) -> None:
+        """SIGKILL the sandbox's server (its supervisor brings it back with the journal's ledger)."""
+        supervisor = self.procs["sandbox"].pid
+        with open(f"/proc/{supervisor}/task/{supervisor}/children") as handle:
+            for pid in handle.read().split():
+                os.kill(int(pid), signal.SIGKILL)
+
+    def outputs(self) -> set[str]:
+        """The keys in the output store right now."""
+        if self.moto is not None:
+            keys, token = set(), None
+            while True:
+                page = self.s3().list_objects_v2(Bucket="chaos-outputs", **({"ContinuationToken": token} if token else {}))
+                keys.update(item["Key"] for item in page.get("Contents", []))
+                if not page.get("IsTruncated"):
+                    return keys
+                token = page["NextContinuationToken"]
+        base = self.workdir / "outputs"
+        return {str(path.relative_to(base)) for path in base.rglob("*") if path.is_file()} if base.exists() else set()
+
+    def stop(self, keep: bool = False) -> None:
+        for proc in self.procs.values():
+            try:
+                proc.stop()
+            except Exception:
+                proc.kill()
+        if self.moto is not None:
+            self.moto.stop()
+        if self.broker == "amqp":
+            subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
+        if keep:
+            print(f"logs kept in {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)

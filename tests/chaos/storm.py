@@ -1,0 +1,452 @@
+"""The storm (`make chaos`): 500 paid jobs from 3 clients while the sandbox misbehaves in every way it
+can, workers die at random and at the dangerous moments, the broker loses every message, PostgreSQL
+restarts, the sandbox crashes and the webhook worker dies; then a settle, and checks from the outside
+only: the HTTP API, the sandbox's ledger, the receiver's log and the budget rows for the cap.
+
+    python -m tests.chaos [--seed N] [--jobs 500] [--broker redis|amqp] [--hosts]
+
+Exits 0 when every check passes, 1 when one fails (the seed is printed first: `--seed` replays it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import requests
+
+from tests.chaos import checks
+from tests.chaos.plan import CLIENTS, Event, JobPlan, Plan, make_plan
+from tests.chaos.receiver import FlakyReceiver
+from tests.chaos.stack import Stack
+
+CAPS = {"alpha": "100000", "beta": "100000", "capped": "4"}  # the third client's cap binds
+OPEN = ("queued", "running", "waiting")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass
+class Record:
+    """What the storm saw, for the checks and the figures."""
+
+    answers: dict = field(default_factory=lambda: defaultdict(list))  # key -> [(status, job id)]
+    post_errors: Counter = field(default_factory=Counter)  # how POSTs failed before they got an answer
+    job_ids: dict = field(default_factory=dict)  # key -> job id
+    unexpected: list = field(default_factory=list)
+    faults: Counter = field(default_factory=Counter)
+    kills: Counter = field(default_factory=Counter)
+    aimed: list = field(default_factory=list)
+    events: dict = field(default_factory=dict)  # name -> time it happened
+    cap_samples: int = 0
+    cap_gaps: int = 0  # samples that could not be read (PostgreSQL restarting)
+    cap_breaches: list = field(default_factory=list)
+    cancels: Counter = field(default_factory=Counter)
+    retries: dict = field(default_factory=dict)  # job id -> attempt numbers that existed at the person's retry
+    progress: dict = field(default_factory=lambda: defaultdict(list))  # job id -> [(t, signature)]
+    server_errors: list = field(default_factory=list)
+
+
+class Storm:
+    def __init__(self, args):
+        self.args = args
+        self.plan: Plan = make_plan(args.seed, args.jobs, args.submit_s)
+        self.record = Record()
+        self.stop_chaos = threading.Event()
+        self.stop_sampling = threading.Event()
+        self.local = threading.local()
+        self.hosts = None
+        self.lock = threading.Lock()
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        args = self.args
+        print(f"chaos: CHAOS_SEED={args.seed} jobs={args.jobs} broker={args.broker} hosts={int(args.hosts)}",
+              flush=True)
+        if args.hosts:
+            from tests.chaos.hosts import Hosts
+
+            self.hosts = Hosts(["web", "worker0", "worker1", "webhooks", "beat"]).__enter__()
+        self.stack = Stack(broker=args.broker, database=args.database, redis_db=args.redis_db, hosts=self.hosts)
+        ok = False
+        try:
+            self.stack.prepare()
+            self.receiver = FlakyReceiver(args.seed, host=self.stack.service_host).__enter__()
+            self.clients = {}
+            for name in CLIENTS:
+                url = self.receiver.url_for(name)
+                creds = self.stack.create_client(f"{name}-{args.seed}", url, CAPS[name])
+                self.receiver.add_client(name, creds["webhook_secret"])
+                self.clients[name] = creds
+            self.stack.start()
+            self.t0 = time.time()
+            ok = self._storm()
+        finally:
+            self.stop_chaos.set()
+            self.stop_sampling.set()
+            self.stack.stop(keep=args.keep or not ok)
+            if self.hosts:
+                self.hosts.__exit__(None, None, None)
+        return 0 if ok else 1
+
+    def _storm(self) -> bool:
+        sampler = threading.Thread(target=self._sample_caps, daemon=True)
+        tracker = threading.Thread(target=self._track, daemon=True)
+        chaos = threading.Thread(target=self._chaos, daemon=True)
+        for thread in (sampler, tracker, chaos):
+            thread.start()
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            futures = [pool.submit(self._send, job) for job in self.plan.jobs]
+            for future in futures:
+                future.result()
+        submitted = time.time()
+        chaos.join()
+        self._heal()
+        self.settled_s = self._settle(self.args.settle_s)
+        self._person_retries()
+        self.settled_s = self._settle(self.args.settle_s)
+        self._wait_deliveries(timeout=120)
+        self.stop_sampling.set()
+        sampler.join(timeout=5)
+        tracker.join(timeout=5)
+        self.elapsed = {"submit": submitted - self.t0, "total": time.time() - self.t0}
+        final = self._final_jobs()
+        ledger = requests.get(f"{self.stack.sandbox_url}/ledger", timeout=30).json()
+        result = checks.run_all(self, final, ledger)
+        print(checks.summary(self, final, ledger, result), flush=True)
+        return result.ok
+
+    def at(self, offset: float) -> None:
+        """Sleep until `offset` seconds after the storm started."""
+        delay = self.t0 + offset - time.time()
+        if delay > 0:
+            time.sleep(delay)
+
+    # -- clients -----------------------------------------------------------------------------------
+
+    def session(self) -> requests.Session:
+        if not hasattr(self.local, "session"):
+            self.local.session = requests.Session()
+        return self.local.session
+
+    def api(self, method: str, client: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.clients[client]['api_key']}", **kwargs.pop("headers", {})}
+        response = self.session().request(method, f"{self.stack.web_url}{path}", headers=headers,
+                                          timeout=kwargs.pop("timeout", 15), **kwargs)
+        if response.status_code >= 500:
+            with self.lock:
+                self.record.server_errors.append((round(time.time() - self.t0, 1), method, path.split("?")[0][:40],
+                                                  response.status_code, response.text[:200]))
+        return response
+
+    def _post(self, job: JobPlan) -> None:
+        """POST the job as a careful client does: on no answer or a 5xx, again with the same key."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                response = self.api("POST", job.client, "/v1/jobs", json=job.body,
+                                    headers={"Idempotency-Key": job.key})
+            except requests.RequestException as exc:
+                self.record.post_errors[type(exc).__name__] += 1
+            else:
+                if response.status_code in (201, 202):
+                    job_id = response.json()["id"]
+                    with self.lock:
+                        self.record.answers[job.key].append((response.status_code, job_id))
+                        self.record.job_ids.setdefault(job.key, job_id)
+                    return
+                if response.status_code < 500 and response.status_code != 429:
+                    with self.lock:
+                        self.record.unexpected.append((job.key, response.status_code, response.text[:300]))
+                    return
+                self.record.post_errors[f"http_{response.status_code}"] += 1
+            if time.monotonic() > deadline:
+                with self.lock:
+                    self.record.unexpected.append((job.key, "no answer", "gave up after 120 s"))
+                return
+            time.sleep(0.5)
+
+    def _send(self, job: JobPlan) -> None:
+        self.at(job.at)
+        self._post(job)
+        later = sorted(x for x in (("resend", job.resend_after), ("cancel", job.cancel_after)) if x[1] is not None)
+        for what, after in sorted(later, key=lambda x: x[1]):
+            self.at(job.at + after)
+            if what == "resend":
+                self._post(job)
+            else:
+                self._cancel(job)
+
+    def _cancel(self, job: JobPlan) -> None:
+        job_id = self.record.job_ids.get(job.key)
+        if job_id is None:
+            return
+        for _ in range(60):
+            try:
+                response = self.api("POST", job.client, f"/v1/jobs/{job_id}/cancel")
+            except requests.RequestException:
+                time.sleep(0.5)
+                continue
+            if response.status_code < 500:
+                code = (response.json().get("error") or {}).get("code") if response.status_code != 200 else "cancelled"
+                self.record.cancels[code] += 1
+                return
+            time.sleep(0.5)
+
+    # -- chaos -------------------------------------------------------------------------------------
+
+    def _chaos(self) -> None:
+        for event in self.plan.events:
+            self.at(event.at)
+            try:
+                self._do(event)
+            except Exception as exc:  # a fault that could not be made is reported, and fails the storm
+                with self.lock:
+                    self.record.unexpected.append((f"chaos {event.kind}", "error", repr(exc)[:300]))
+
+    def _do(self, event: Event) -> None:
+        stack, record = self.stack, self.record
+        if event.kind == "fault":
+            self._fault([event.detail])
+        elif event.kind == "kill":
+            self._kill([f"worker{event.detail['worker']}"], down_s=event.detail["down_s"])
+            record.kills["worker, at random"] += 1
+        elif event.kind == "aimed_kill":
+            self.aimed_kill(event.detail["aim"])
+        elif event.kind == "crash_sandbox":
+            stack.crash_sandbox()
+            record.events["sandbox crash"] = time.time()
+            record.kills["sandbox server"] += 1
+        elif event.kind == "flush_broker":
+            stack.flush_broker()
+            record.events["broker flush"] = time.time()
+        elif event.kind == "kill_webhooks":
+            self._kill(["webhooks"], down_s=1.0)
+            record.kills["webhooks worker"] += 1
+        elif event.kind == "restart_postgres":
+            if self.args.no_pg_restart:
+                return
+            started = time.time()
+            back = stack.restart_postgres()
+            record.events["postgres restart"] = started
+            record.events["postgres back"] = back
+
+    def _fault(self, faults: list[dict]) -> None:
+        for _ in range(40):  # the sandbox may be coming back from its crash
+            try:
+                response = requests.post(f"{self.stack.sandbox_url}/control/faults", json={"faults": faults}, timeout=10)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.25)
+        response.raise_for_status()
+        for fault in faults:
+            self.record.faults[f"{fault['action']} on {fault['on']}"] += fault["times"]
+
+    def _kill(self, names: list[str], down_s: float | None = 0.5) -> None:
+        """SIGKILL the processes, and start them again after `down_s` (None: the caller starts them)."""
+        procs = [self.stack.procs[name] for name in names]
+        for proc in procs:
+            proc.kill()
+        if down_s is None:
+            return
+        time.sleep(down_s)
+        for proc in procs:
+            proc.start()
+
+    def aimed_kill(self, aim: str) -> None:
+        """Kill every worker at one of the dangerous moments, made to happen from the outside:
+
+        - submit_in_flight: the sandbox holds the next submits (`delay`), and the workers die while the
+          calls are out;
+        - answer_before_commit: the rows of the attempts being submitted are locked (FOR UPDATE) while the
+          sandbox holds their calls, so each worker has the provider's answer (charged) and waits to
+          commit it when it dies;
+        - upload_before_finish: the rows of the running media jobs are locked, so a worker that has just
+          uploaded an output waits to write the finish, and dies there.
+        """
+        workers = [name for name in self.stack.procs if name.startswith("worker")]
+        landed = {"aim": aim, "at": round(time.time() - self.t0, 1)}
+        if aim == "submit_in_flight":
+            self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 3, "times": 3}])
+            time.sleep(1.5)
+            landed["calls_out"] = self._in_flight_submits()
+            self._kill(workers, down_s=0.5)
+        elif aim == "answer_before_commit":
+            self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 1, "times": 3}])
+            time.sleep(0.3)
+            with checks.pg(self.stack.local_database_url) as conn:
+                rows = conn.execute("SELECT id FROM executor_attempt WHERE state = 'submitting' "
+                                    "FOR UPDATE SKIP LOCKED").fetchall()
+                time.sleep(2.0)  # the held calls are answered; the workers wait on the locked rows
+                landed["attempts_held"] = len(rows)
+                self._kill(workers, down_s=None)
+                conn.rollback()
+            self._start(workers)
+        elif aim == "upload_before_finish":
+            with checks.pg(self.stack.local_database_url) as conn:
+                before = self.stack.outputs()
+                rows = conn.execute("SELECT id FROM jobs_job WHERE status IN ('running', 'waiting') "
+                                    "AND kind = 'media' FOR UPDATE SKIP LOCKED").fetchall()
+                time.sleep(2.5)  # renders end, outputs are uploaded, the finishes wait on the locked rows
+                new = self.stack.outputs() - before
+                landed["jobs_held"] = len(rows)
+                landed["uploaded_not_finished"] = len(new)
+                self._kill(workers, down_s=None)
+                conn.rollback()
+            self._start(workers)
+        self.record.aimed.append(landed)
+        self.record.kills[f"workers, aimed: {aim}"] += 1
+
+    def _start(self, names: list[str]) -> None:
+        for name in names:
+            self.stack.procs[name].start()
+
+    def _in_flight_submits(self) -> int:
+        with checks.pg(self.stack.local_database_url) as conn:
+            return conn.execute("SELECT count(*) FROM executor_attempt WHERE state = 'submitting'").fetchone()[0]
+
+    def _heal(self) -> None:
+        """After the storm: every process up (a kill's restart may have lost a race with another kill)."""
+        for proc in self.stack.procs.values():
+            if not proc.alive:
+                proc.start()
+
+    # -- watching ----------------------------------------------------------------------------------
+
+    def _sample_caps(self) -> None:
+        """Every second: spent + reserved <= cap for every client, read from the budget rows."""
+        caps = {name: Decimal(cap) for name, cap in CAPS.items()}
+        names = {creds["client_id"]: name for name, creds in self.clients.items()}
+        while not self.stop_sampling.wait(1.0):
+            try:
+                with checks.pg(self.stack.local_database_url) as conn:
+                    rows = conn.execute("SELECT client_id::text, month, spent, reserved FROM billing_budgetmonth").fetchall()
+            except Exception:
+                self.record.cap_gaps += 1
+                continue
+            self.record.cap_samples += 1
+            for client_id, month, spent, reserved in rows:
+                name = names.get(client_id)
+                if name and spent + reserved > caps[name]:
+                    self.record.cap_breaches.append((round(time.time() - self.t0, 1), name, str(spent), str(reserved)))
+
+    def _track(self) -> None:
+        """Every second, each client's open jobs as the API lists them: when each job last changed."""
+        while not self.stop_sampling.wait(1.0):
+            now = time.time()
+            seen = {}
+            try:
+                for client in CLIENTS:
+                    for status in OPEN:
+                        cursor = ""
+                        while True:
+                            page = self.api("GET", client, f"/v1/jobs?status={status}&limit=200&cursor={cursor}")
+                            if page.status_code != 200:
+                                raise RuntimeError(page.status_code)
+                            body = page.json()
+                            for job in body["results"]:
+                                seen[job["id"]] = checks.signature(job)
+                            if not body["next"]:
+                                break
+                            cursor = body["next"].split("cursor=")[1].split("&")[0]
+            except Exception:
+                continue  # an unreadable moment (PostgreSQL restarting): the next sample tells
+            with self.lock:
+                for job_id in set(self.record.job_ids.values()):
+                    signature = seen.get(job_id, "ended")
+                    history = self.record.progress[job_id]
+                    if not history or history[-1][1] != signature:
+                        history.append((now, signature))
+
+    def _settle(self, timeout: float) -> float:
+        """Wait until every job is terminal or waiting on a person; returns how long it took."""
+        started = time.time()
+        while time.time() - started < timeout:
+            jobs = self._final_jobs()
+            if all(checks.at_rest(job) for job in jobs.values() if job):
+                return time.time() - started
+            time.sleep(2)
+        return time.time() - started
+
+    def _person_retries(self) -> None:
+        """A person looks at the jobs waiting on an uncertain submit and retries some of them (seeded)."""
+        rng = random.Random(f"retries-{self.args.seed}")
+        for (key, job) in sorted(self._final_jobs(by_key=True).items()):
+            if job and job["status"] == "waiting" and (job.get("error") or {}).get("code") == "UNCERTAIN_SUBMIT":
+                if rng.random() < self.plan.retry_share:
+                    client = self._client_of(key)
+                    numbers = checks.attempt_numbers(job)
+                    response = self.api("POST", client, f"/v1/jobs/{job['id']}/retry")
+                    if response.status_code in (200, 202):
+                        self.record.retries[job["id"]] = numbers
+                    else:
+                        self.record.unexpected.append((key, response.status_code, response.text[:300]))
+
+    def _wait_deliveries(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            expected = checks.expected_events(self, self._final_jobs())
+            acked = {r.webhook_id for r in list(self.receiver.requests) if r.status < 300}
+            if expected <= acked:
+                return
+            time.sleep(2)
+
+    def _client_of(self, key: str) -> str:
+        return next(job.client for job in self.plan.jobs if job.key == key)
+
+    def _final_jobs(self, by_key: bool = False) -> dict:
+        """Every job the storm was answered for, read through the API (None where it cannot be read)."""
+        out = {}
+        for job in self.plan.jobs:
+            job_id = self.record.job_ids.get(job.key)
+            body = None
+            if job_id:
+                for _ in range(5):
+                    try:
+                        response = self.api("GET", job.client, f"/v1/jobs/{job_id}")
+                        if response.status_code == 200:
+                            body = response.json()
+                            break
+                    except requests.RequestException:
+                        pass
+                    time.sleep(0.5)
+            out[job.key if by_key else job.key] = body
+        return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos")
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6)))
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("CHAOS_JOBS", 500)))
+    parser.add_argument("--submit-s", type=float, default=None, help="jobs arrive over this many seconds")
+    parser.add_argument("--settle-s", type=float, default=240)
+    parser.add_argument("--broker", choices=("redis", "amqp"), default=os.environ.get("BROKER", "redis") or "redis")
+    parser.add_argument("--hosts", action="store_true", default=os.environ.get("HOSTS") == "1")
+    parser.add_argument("--database", default="payonce_chaos")
+    parser.add_argument("--redis-db", type=int, default=5)
+    parser.add_argument("--no-pg-restart", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the logs")
+    args = parser.parse_args(argv)
+    if args.submit_s is None:
+        args.submit_s = max(20.0, args.jobs / 6)  # about 6 jobs a second
+    return Storm(args).run()
