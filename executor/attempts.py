@@ -82,6 +82,11 @@ def _submit(job) -> dict:
         if current is not None and current.state == AttemptState.SUBMITTING:
             _resolve(job, current)  # an unknown outcome, or a crash while the call was out
             continue
+        if current is not None and current.state == AttemptState.UNCERTAIN:
+            # Whoever made it uncertain (this execution a moment ago, another one, or one that died before
+            # the job's hold was written): the run stays held for a person. The storm found a blind
+            # render paid twice in one run when the next pass went on to the next number here.
+            _uncertain_decided(current, model_spec(current.model_name))
         model, countdown = _next_model(job, current)
         if countdown > 0:
             raise StepRetry(f"next attempt on {model} after a back-off", countdown=countdown)
@@ -639,9 +644,14 @@ def _uncertain(job, attempt: Attempt, spec) -> None:
     if not _end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=HOLD, error_class=attempt.error_class,
                 error=attempt.error or "the outcome of the submit is unknown"):
         return  # resolved by another execution meanwhile: the caller reads what it decided
+    _uncertain_decided(attempt, spec)
+
+
+def _uncertain_decided(attempt: Attempt, spec) -> None:
+    """An uncertain attempt of this run: raises JobHold (a person decides), unless the rule for cheap calls
+    pays again, under the next number: then the uncertain one, which may have been paid, keeps its
+    reservation as spent, unpriced (once: a settle moves only a held reservation)."""
     if spec.capabilities.resubmit_uncertain:
-        # A cheap call: the rule decides to pay again, under the next number. The uncertain one may have
-        # been paid: its reservation stays as spent, unpriced.
         billing.settle(key=attempt.upstream_key, cost=None)
         return
     raise JobHold(

@@ -260,3 +260,19 @@ def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, 
     assert held.state == reservation and held.unpriced == (sends > 0)
     assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
     assert attempts.sweep_cancelled_intents() == 0  # nothing twice
+
+
+def test_an_uncertain_attempt_holds_its_run_even_when_the_hold_never_reached_the_job(api, ledger):
+    # Found by the storm (tests/chaos): a worker marked a blind render's attempt uncertain and died before
+    # writing the job's hold; the sweeper's next pass went on to attempt 2, and the same render was paid
+    # twice in one run without anyone deciding to.
+    from jobs.outcomes import JobHold
+
+    job = new_job(api, models=("sandbox/image-blind",))
+    Attempt.objects.create(job=job, run=job.run, number=1, provider="sandbox", model="image-blind", step="submit",
+                           upstream_key=f"payonce-{job.id}-1", state=AttemptState.UNCERTAIN, sends=1, request={})
+    with pytest.raises(JobHold) as held:
+        attempts.submit(job)
+    assert held.value.code == "UNCERTAIN_SUBMIT"
+    assert list(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1]
+    assert ledger.calls() == []
