@@ -16,6 +16,8 @@ from pathlib import Path
 
 import requests
 
+from tests.support.procs import reap_group
+
 ROOT = Path(__file__).resolve().parents[2]
 PG_CLUSTER = ("15", "main")
 
@@ -93,7 +95,7 @@ class Proc:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
-        self._reap()
+        reap_group(self.proc.pid)
 
     def stop(self) -> None:
         if self.alive:
@@ -103,20 +105,6 @@ class Proc:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
-
-    def _reap(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
 
 class Stack:
     """Everything a storm runs against. `hosts` (tests.chaos.hosts.Hosts, or None) puts web, the two

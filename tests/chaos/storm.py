@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -428,10 +426,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
-def median(values):
-    return statistics.median(values) if values else None
 
 
 def main(argv=None) -> int:

@@ -124,21 +124,24 @@ class ProcfileProcess:
         self._reap_group()
 
     def _reap_group(self, timeout: float = 10.0) -> None:
-        """Wait until every process of the group is gone (uvicorn's workers, prefork children): none may
-        still hold a database connection when the suite drops the test database."""
-        if self.proc is None:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
+        if self.proc is not None:
+            reap_group(self.proc.pid, timeout)
+
+
+def reap_group(pgid: int, timeout: float = 10.0) -> None:
+    """Wait until every process of the group is gone (uvicorn's workers, prefork children), SIGKILLing what
+    is left after `timeout`: none may still hold a database connection when the suite drops a database."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(pgid, 0)
         except ProcessLookupError:
-            pass
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class Stack:
