@@ -484,6 +484,19 @@ def test_crash_after_accept_restarts_with_its_ledger(sandbox):
     assert len(charges(sandbox)) == 3
 
 
+def test_crashes_it_was_told_to_make_never_make_the_supervisor_give_up(sandbox):
+    # The storm once injected five crashes that each came within a second of the last restart: the
+    # supervisor took them for a server that cannot start (a taken port) and gave up for good.
+    sandbox.faults([{"model": "video-keyed", "action": "crash_after_accept", "times": 7}])
+    for n in range(7):
+        sandbox.wait_healthy(timeout=10)
+        with pytest.raises(requests.ConnectionError):
+            submit(sandbox, "video-keyed", request_id=f"payonce-crash-{n}", params={"render_s": 5})
+    sandbox.wait_healthy(timeout=10)
+    assert sandbox.proc.poll() is None  # the supervisor is still there
+    assert len(charges(sandbox)) == 7
+
+
 def test_fail_render_fault_accepts_charges_then_fails(sandbox):
     sandbox.faults([{"model": "image-lookup", "action": "fail_render", "message": "NSFW output filtered"}])
 
