@@ -540,7 +540,7 @@ def _send(job, attempt: Attempt) -> None:
                                       request={**attempt.request, "inputs": inputs}):
                 return  # resolved by another execution meanwhile: send nothing
     except ProviderError as exc:
-        if exc.outcome_unknown or exc.kind == ErrorClass.RATE_LIMITED:
+        if exc.outcome_unknown or exc.never_sent or exc.kind == ErrorClass.RATE_LIMITED:
             # Uploads cost nothing: the next pass uploads again under the same attempt.
             _release_send(attempt)
             raise StepRetry(f"input upload failed ({exc.kind}: {exc.message})") from exc
@@ -699,11 +699,12 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
     if attempt.sends > 1 and spec.capabilities.idempotency_key:
         # A resend of a key whose earlier send went unanswered: that send may have been accepted, and
         # charged. This "no" answers the resend only (the storm found a 429 here ending the attempt as
-        # unpaid, its money released, with a charge in the ledger). A 429 means "not now": the same key
-        # again, later. Any other refusal cannot tell about the earlier send: uncertain, for a person.
+        # unpaid, its money released, with a charge in the ledger). A 429 means "not now", and a resend
+        # that never connected is no answer at all: the same key again, later. Any other refusal cannot
+        # tell about the earlier send: uncertain, for a person.
         if _update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
                    last_status=exc.status):
-            if exc.kind == ErrorClass.RATE_LIMITED:
+            if exc.kind == ErrorClass.RATE_LIMITED or exc.never_sent:
                 _resolve(job, attempt, resend=False)
             else:
                 _uncertain(job, attempt, spec)

@@ -801,3 +801,40 @@ def test_provider_is_usable(no_keys):
 
     no_keys.OPENAI_BASE_URL = "http://127.0.0.1:11434/v1"  # Ollama, keyless
     assert real.provider_is_usable("openai") is True
+
+
+# --- transport failures: never sent, or sent with no answer ------------------------------------------------
+
+
+def test_a_refused_connection_is_known_never_sent_and_a_dropped_one_is_unknown():
+    # A submit that never connected cannot have been accepted: a blind render need not wait for a person
+    # (the storm's dead sandbox once made dozens of them `uncertain`). One that connected and got no
+    # answer may have been accepted: its outcome stays unknown.
+    import threading
+
+    from executor.providers import http as provider_http
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]  # nothing listens here once the probe is closed
+    with pytest.raises(ProviderError) as refused:
+        provider_http.send("POST", f"http://127.0.0.1:{closed}/v1/generations", base_url=f"http://127.0.0.1:{closed}",
+                           json={})
+    assert (refused.value.never_sent, refused.value.outcome_unknown) == (True, False)
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def read_then_hang_up():
+        conn, _ = server.accept()
+        conn.recv(65536)  # the request arrived
+        conn.close()  # and no answer
+
+    threading.Thread(target=read_then_hang_up, daemon=True).start()
+    port = server.getsockname()[1]
+    with pytest.raises(ProviderError) as dropped:
+        provider_http.send("POST", f"http://127.0.0.1:{port}/v1/generations", base_url=f"http://127.0.0.1:{port}",
+                           json={})
+    server.close()
+    assert (dropped.value.never_sent, dropped.value.outcome_unknown) == (False, True)

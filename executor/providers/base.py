@@ -49,6 +49,8 @@ class ProviderError(Exception):
     `outcome_unknown` is True when the provider may have accepted (and charged for) the call: a
     transport error, a timeout or a 5xx on a submit. Such a call must be resolved by capability (same
     key, lookup, or a person) before anything else is paid for (DESIGN.md, the recovery table).
+    `never_sent` is True when no byte of the request left (the connection was refused, or never
+    made): nothing can have been accepted, so the outcome is known, not paid, and it is no answer either.
     `message` keeps the provider's own words.
     """
 
@@ -60,6 +62,7 @@ class ProviderError(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         outcome_unknown: bool = False,
+        never_sent: bool = False,
     ):
         super().__init__(message)
         self.kind = kind
@@ -67,6 +70,7 @@ class ProviderError(Exception):
         self.status = status
         self.retry_after = retry_after
         self.outcome_unknown = outcome_unknown
+        self.never_sent = never_sent
 
     def __repr__(self):
         return f"ProviderError({self.kind!r}, {self.message!r}, status={self.status})"

@@ -6,6 +6,7 @@ import threading
 from urllib.request import getproxies
 
 import requests
+import urllib3
 from django.conf import settings
 
 from executor.providers.base import ErrorClass, ProviderError
@@ -36,10 +37,28 @@ def send(method: str, url: str, *, base_url: str, timeout: tuple[float, float] |
     timeout = timeout or (settings.PROVIDER_CONNECT_TIMEOUT_S, settings.PROVIDER_READ_TIMEOUT_S)
     try:
         return session(base_url).request(method, url, timeout=timeout, **kwargs)
+    except (requests.ConnectTimeout, requests.ConnectionError) as exc:
+        if _never_connected(exc):
+            # Refused, unreachable, or no connection in time: no byte of the request left, so nothing
+            # can have been accepted. The storm's dead sandbox made dozens of blind renders `uncertain`
+            # (waiting for a person) when it was only down.
+            raise ProviderError(ErrorClass.NETWORK, f"could not connect: {exc}", never_sent=True) from exc
+        if isinstance(exc, requests.Timeout):
+            raise ProviderError(ErrorClass.TIMEOUT, f"no answer in time: {exc}", outcome_unknown=True) from exc
+        raise ProviderError(ErrorClass.NETWORK, f"connection failed: {exc}", outcome_unknown=True) from exc
     except requests.Timeout as exc:
         raise ProviderError(ErrorClass.TIMEOUT, f"no answer in time: {exc}", outcome_unknown=True) from exc
     except requests.RequestException as exc:
         raise ProviderError(ErrorClass.NETWORK, f"connection failed: {exc}", outcome_unknown=True) from exc
+
+
+def _never_connected(exc: requests.RequestException) -> bool:
+    """The connection was never made (urllib3's NewConnectionError, a connect timeout among them), as
+    against one that broke after the request went out (RemoteDisconnected, a reset, a read timeout)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
 
 
 def json_answer(response: requests.Response) -> dict:
