@@ -11,6 +11,7 @@ Exits 0 when every check passes, 1 when one fails (the seed is printed first: `-
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import threading
@@ -121,6 +122,11 @@ class Storm:
         ledger = requests.get(f"{self.stack.sandbox_url}/ledger", timeout=30).json()
         result = checks.run_all(self, final, ledger)
         print(checks.summary(self, final, ledger, result), flush=True)
+        if not result.ok:  # what the checks read, beside the processes' logs, for the post-mortem
+            (self.stack.workdir / "final.json").write_text(json.dumps(
+                {"jobs": final, "ledger": ledger, "failures": result.failures,
+                 "deliveries": [{"id": r.webhook_id, "status": r.status, "path": r.path, "at": r.arrived}
+                                for r in self.receiver.requests]}, indent=1, default=str))
         return result.ok
 
     def at(self, offset: float) -> None:
