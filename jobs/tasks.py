@@ -96,7 +96,10 @@ def sweep() -> int:
     from executor.attempts import sweep_cancelled_intents
 
     resumed = sweeper.sweep()
-    sweep_cancelled_intents()
+    try:
+        sweep_cancelled_intents()
+    except Exception:  # never in the way of resuming stuck jobs: the next sweep tries again
+        logger.exception("sweeper: could not end a cancelled job's attempts left submitting")
     for job_id, run, kind, stage_index in resumed:
         start_run(job_id, run, kind, stage_index)
     return len(resumed)
