@@ -27,7 +27,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -401,10 +401,16 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     """The model of the next attempt and how long to wait first (executor.policy decides)."""
     if last is None:
         return job.model_chain[0], 0.0
-    tries = (
-        Attempt.objects.filter(job=job, run=job.run, provider=last.provider, model=last.model)
-        .aggregate(n=Sum("sends"))["n"] or 0
-    )
+    # The decision is about `last`: its model's tries up to it. An attempt after it means another
+    # execution (a callback's and a poll's passes meet here) has already decided and is paying: deciding
+    # again from `last` would count that attempt as a try, call the model exhausted, and fail the job
+    # with the other attempt out and charged (the storm found exactly that). This one steps back.
+    counts = Attempt.objects.filter(job=job, run=job.run).aggregate(
+        tries=Sum("sends", filter=Q(provider=last.provider, model=last.model, number__lte=last.number)),
+        newer=Count("id", filter=Q(step=last.step, number__gt=last.number)))
+    if counts["newer"]:
+        raise StepRetry(f"attempt {last.number} was followed by another execution's attempt", countdown=0.2)
+    tries = counts["tries"] or 0
     retry_in = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
     decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
                                    error_class=last.error_class, tries_on_model=tries, retry_in_s=retry_in)

@@ -276,3 +276,24 @@ def test_an_uncertain_attempt_holds_its_run_even_when_the_hold_never_reached_the
     assert held.value.code == "UNCERTAIN_SUBMIT"
     assert list(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1]
     assert ledger.calls() == []
+
+
+def test_a_pass_deciding_from_a_stale_attempt_steps_back_instead_of_failing_the_job(api, ledger):
+    # Found by the storm (tests/chaos): a callback's pass and a poll's pass both saw attempt 1 fail; one
+    # sent attempt 2 (the model's last try), the other counted it as a try, called the model exhausted
+    # and failed the job with attempt 2 out and charged.
+    job = new_job(api, policy={"attempts_per_model": 2, "fallback_on": []})
+    first = attempt_row(job, 1, state=AttemptState.FAILED)
+    Attempt.objects.filter(id=first.id).update(error_class="server_error", error="render failed upstream")
+    first.refresh_from_db()
+    attempt_row(job, 2, state=AttemptState.SUBMITTING)  # the other pass's, out now
+
+    with pytest.raises(StepRetry):
+        attempts._next_model(job, first)
+    assert Job.objects.get(id=job.id).status not in ("failed",)
+    # With no attempt after it, the same decision is the model's last try spent: the chain is over.
+    Attempt.objects.filter(job=job, number=2).update(state=AttemptState.FAILED)
+    from jobs.outcomes import JobFailure
+
+    with pytest.raises(JobFailure):
+        attempts._next_model(job, Attempt.objects.get(job=job, number=2))
