@@ -257,18 +257,20 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
     return None
 
 
-def sweep_cancelled_intents(limit: int = 100) -> int:
-    """The sweeper's share of _end_orphaned_intent: a cancelled job's attempts still `submitting` once no
-    answer can come, so none is left held when stop_upstream's second look was lost (a flushed broker, a
-    database restart). Returns how many it ended."""
-    in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
-    stale = Attempt.objects.filter(state=AttemptState.SUBMITTING, job__status="cancelled",
-                                   submitted_at__lt=timezone.now() - timedelta(seconds=in_flight_s))
-    ended = 0
-    for attempt in stale.order_by("id")[:limit]:
-        if _end_orphaned_intent(attempt) is None:
-            ended += 1
-    return ended
+def sweep_cancelled(limit: int = 100) -> int:
+    """The sweeper's share of cancel_current: every cancelled job with an attempt still out (`submitting`
+    or `running`) has it ended, so none is left holding money when stop_upstream's message (or its
+    second look) was lost to a flushed broker or a database restart (the storm found both: an intent
+    left submitting, and a render accepted just after the cancel left running, its cost recorded and its
+    money still reserved). Returns how many jobs it looked at."""
+    from jobs.models import Job
+
+    job_ids = (Attempt.objects.filter(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING], job__status="cancelled")
+               .order_by("job_id").values_list("job_id", flat=True).distinct()[:limit])
+    jobs = list(Job.objects.filter(id__in=list(job_ids)))
+    for job in jobs:
+        cancel_current(job)
+    return len(jobs)
 
 
 def cancel_current(job) -> float | None:

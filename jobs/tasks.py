@@ -93,11 +93,11 @@ def stop_upstream(self, job_id: str, run: int):
 
 @shared_task(name="jobs.sweep")
 def sweep() -> int:
-    from executor.attempts import sweep_cancelled_intents
+    from executor.attempts import sweep_cancelled
 
     resumed = sweeper.sweep()
     try:
-        sweep_cancelled_intents()
+        sweep_cancelled()
     except Exception:  # never in the way of resuming stuck jobs: the next sweep tries again
         logger.exception("sweeper: could not end a cancelled job's attempts left submitting")
     for job_id, run, kind, stage_index in resumed:

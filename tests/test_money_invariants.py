@@ -253,13 +253,33 @@ def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, 
     young = attempts._intend(new_job(api), "sandbox/video-keyed")  # its answer may still come: left alone
     Job.objects.filter(id__in=[job.id, young.job_id]).update(status="cancelled")
 
-    assert attempts.sweep_cancelled_intents() == 1
+    attempts.sweep_cancelled()
     attempt.refresh_from_db()
     assert attempt.state == state
     held = Reservation.objects.get(key=attempt.upstream_key)
     assert held.state == reservation and held.unpriced == (sends > 0)
     assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
-    assert attempts.sweep_cancelled_intents() == 0  # nothing twice
+    assert attempts.sweep_cancelled() == 1  # only the young one is still out, and still left alone
+    assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
+
+
+def test_the_sweeper_ends_a_cancelled_jobs_render_left_running_and_settles_its_cost(api, ledger):
+    # Found by the storm (tests/chaos): accepted just after the cancel, the render stayed `running` with
+    # its quoted cost on the job, and its money reserved, when stop_upstream's message was flushed away.
+    from billing.models import Reservation
+
+    job = new_job(api)
+    attempt = attempts._intend(job, "sandbox/video-keyed")
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.RUNNING, accepted_at=timezone.now(),
+                                                 cost_usd="0.400000", cost_source="quoted", upstream_id="gen_x")
+    Job.objects.filter(id=job.id).update(status="cancelled")
+
+    assert attempts.sweep_cancelled() == 1
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.error_class) == (AttemptState.FAILED, "cancelled")
+    settled = Reservation.objects.get(key=attempt.upstream_key)
+    assert (settled.state, str(settled.spent)) == ("settled", "0.400000")
+    assert attempts.sweep_cancelled() == 0
 
 
 def test_an_uncertain_attempt_holds_its_run_even_when_the_hold_never_reached_the_job(api, ledger):
