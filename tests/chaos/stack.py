@@ -46,13 +46,20 @@ class Proc:
         self.starts = 0
 
     def start(self, timeout: float = 60.0) -> "Proc":
+        return self.launch().ready_within(timeout)
+
+    def launch(self) -> "Proc":
         if self.alive:  # a second start would orphan the first process, still consuming and writing
             raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         self.starts += 1
+        return self
+
+    def ready_within(self, timeout: float) -> "Proc":
+        offset = self.offset
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -96,15 +103,6 @@ class Proc:
             pass
         self.proc.wait(timeout=10)
         reap_group(self.proc.pid)
-
-    def stop(self) -> None:
-        if self.alive:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
 
 class Stack:
     """Everything a storm runs against. `hosts` (tests.chaos.hosts.Hosts, or None) puts web, the two
@@ -228,8 +226,10 @@ class Stack:
                                       self.workdir, ready=" ready.")
         self.procs["beat"] = Proc("beat", self._command("beat", procfile_command("beat")), self.env, self.workdir,
                                   ready="beat: Starting")
+        for proc in self.procs.values():  # all at once, then each waited for: a second start-up, not six
+            proc.launch()
         for proc in self.procs.values():
-            proc.start()
+            proc.ready_within(60)
 
     # -- faults ------------------------------------------------------------------------------------
 
@@ -281,11 +281,10 @@ class Stack:
         return {str(path.relative_to(base)) for path in base.rglob("*") if path.is_file()} if base.exists() else set()
 
     def stop(self, keep: bool = False) -> None:
+        # The checks have read everything: no warm shutdown to wait for (a worker holding countdown
+        # tasks would take its whole grace), every process dies at once.
         for proc in self.procs.values():
-            try:
-                proc.stop()
-            except Exception:
-                proc.kill()
+            proc.kill()
         if self.moto is not None:
             self.moto.stop()
         if self.broker == "amqp":
