@@ -707,15 +707,13 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
     if attempt.sends > 1 and spec.capabilities.idempotency_key:
         # A resend of a key whose earlier send went unanswered: that send may have been accepted, and
         # charged. This "no" answers the resend only (the storm found a 429 here ending the attempt as
-        # unpaid, its money released, with a charge in the ledger). A 429 means "not now", and a resend
-        # that never connected is no answer at all: the same key again, later. Any other refusal cannot
-        # tell about the earlier send: uncertain, for a person.
+        # unpaid, its money released, with a charge in the ledger). So the key goes out again, later, as
+        # after any unknown outcome: a provider that has the work returns it, one that does not says no
+        # again, and only WAIT_DEADLINE_S makes it uncertain. Making it uncertain at once sent it to a
+        # person, whose retry paid the same render twice under a new key (the storm found that too).
         if _update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
                    last_status=exc.status):
-            if exc.kind == ErrorClass.RATE_LIMITED or exc.never_sent:
-                _resolve(job, attempt, resend=False)
-            else:
-                _uncertain(job, attempt, spec)
+            _resolve(job, attempt, resend=False)
         return
     retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(attempt.sends, exc.retry_after))
     _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=exc.kind, error=exc.message,

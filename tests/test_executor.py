@@ -387,7 +387,8 @@ def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settin
 
 @pytest.mark.parametrize("then, status, state", [
     ({"action": "status_429", "seconds": 0.1}, "succeeded", "succeeded"),  # not now: the same key again, later
-    ({"action": "status_422"}, "waiting", "uncertain"),  # a no that cannot speak for the earlier send
+    ({"action": "status_422"}, "succeeded", "succeeded"),  # a no that cannot speak for the earlier send
+    ({"action": "refuse"}, "succeeded", "succeeded"),
 ])
 def test_a_refused_resend_of_a_key_does_not_end_the_attempt_as_unpaid(jobs_worker, ledger, api, then, status, state):
     # Found by the storm (tests/chaos): the first send was accepted (charged) and its answer lost; the
