@@ -25,8 +25,10 @@ PINNED = [
     (3, 100),  # a cancelled job's attempt left `submitting`, its money held for good
     (820687, 100),  # a resend of a key answered 429 ended its attempt unpaid, with a charge in the ledger
     (70455, 100),  # a cancelled job's render accepted after the cancel stayed running, its money reserved
-    # Seed 41 (500 jobs, 2.5 min) found a pass deciding from a stale attempt; too long for CI: its
-    # regression test is tests/test_money_invariants.py's, and `make chaos CHAOS_SEED=41` replays it.
+    # Too long for CI (500 jobs, about 2 minutes each), replayed by `make chaos CHAOS_SEED=N`; each bug
+    # has its own regression test: seed 41 found a pass deciding from a stale attempt
+    # (tests/test_money_invariants.py), seed 61 a keyed render paid twice after a refused resend made it
+    # uncertain (tests/test_executor.py).
 ]
 
 
