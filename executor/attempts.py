@@ -238,7 +238,7 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
     uncertain spend). Conditional on (`submitting`, `sends`): a send claims the attempt by bumping `sends`
     first (_claim_send), so a send that claimed it a moment ago keeps it and this changes nothing.
     Returns how long until it may be ended, when that is not yet."""
-    in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
+    in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + max(settings.PROVIDER_READ_TIMEOUT_S, settings.LLM_READ_TIMEOUT_S)
     since_s = (timezone.now() - attempt.submitted_at).total_seconds() if attempt.submitted_at else in_flight_s
     if attempt.sends and since_s < in_flight_s:
         return in_flight_s - since_s  # its answer may still come, to the execution that sent it
@@ -258,19 +258,17 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
 
 
 def sweep_cancelled(limit: int = 100) -> int:
-    """The sweeper's share of cancel_current: every cancelled job with an attempt still out (`submitting`
-    or `running`) has it ended, so none is left holding money when stop_upstream's message (or its
-    second look) was lost to a flushed broker or a database restart (the storm found both: an intent
-    left submitting, and a render accepted just after the cancel left running, its cost recorded and its
-    money still reserved). Returns how many jobs it looked at."""
-    from jobs.models import Job
-
-    job_ids = (Attempt.objects.filter(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING], job__status="cancelled")
-               .order_by("job_id").values_list("job_id", flat=True).distinct()[:limit])
-    jobs = list(Job.objects.filter(id__in=list(job_ids)))
-    for job in jobs:
-        cancel_current(job)
-    return len(jobs)
+    """The sweeper's share of a cancel: every attempt of a cancelled job still out (`submitting` or
+    `running`, a render or a report's chapter) is ended as cancel_current ends one, so none is left
+    holding money when stop_upstream's message (or its second look) was lost to a flushed broker or a
+    database restart, or when nothing would look (a report's chapter whose worker died). The storm found
+    all three: an intent left submitting, a render accepted just after the cancel left running with its
+    money reserved, and a cancelled report's chapters left submitting. Returns how many it looked at."""
+    out = list(Attempt.objects.filter(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING],
+                                      job__status="cancelled").select_related("job").order_by("id")[:limit])
+    for attempt in out:
+        _cancel_out(attempt)
+    return len(out)
 
 
 def cancel_current(job) -> float | None:
@@ -279,7 +277,10 @@ def cancel_current(job) -> float | None:
     to the execution sending it while its answer may still come (that answer must reach the record
     first), then ended here (_end_orphaned_intent). Returns the seconds until it should be looked at
     again, or None."""
-    current = _latest(job)
+    return _cancel_out(_latest(job))
+
+
+def _cancel_out(current: Attempt | None) -> float | None:
     if current is not None and current.state == AttemptState.SUBMITTING:
         return _end_orphaned_intent(current)
     if current is None or current.state != AttemptState.RUNNING:
@@ -289,6 +290,7 @@ def cancel_current(job) -> float | None:
     # Conditional on `running`: a poll that saw the render finish at the same moment keeps its success.
     _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, money=SETTLE, error_class=ErrorClass.CANCELLED,
          error="the job was cancelled")
+    return None
 
 
 # --- a paid LLM call ------------------------------------------------------------------------------------

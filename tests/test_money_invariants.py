@@ -251,6 +251,8 @@ def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, 
     long_ago = timezone.now() - timedelta(minutes=5)
     Attempt.objects.filter(id=attempt.id).update(sends=sends, submitted_at=long_ago)
     young = attempts._intend(new_job(api), "sandbox/video-keyed")  # its answer may still come: left alone
+    chapter = attempts._intend(job, "sandbox/llm", step="chapter-intro")  # a report's chapter, its worker gone
+    Attempt.objects.filter(id=chapter.id).update(submitted_at=long_ago)
     Job.objects.filter(id__in=[job.id, young.job_id]).update(status="cancelled")
 
     attempts.sweep_cancelled()
@@ -259,6 +261,8 @@ def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, 
     held = Reservation.objects.get(key=attempt.upstream_key)
     assert held.state == reservation and held.unpriced == (sends > 0)
     assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
+    assert Attempt.objects.get(id=chapter.id).state == AttemptState.UNCERTAIN
+    assert Reservation.objects.get(key=chapter.upstream_key).unpriced
     assert attempts.sweep_cancelled() == 1  # only the young one is still out, and still left alone
     assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
 
