@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from tests.support.procs import reap_group
+from tests.support.procs import read_log, reap_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_CLUSTER = ("15", "main")
@@ -78,12 +78,7 @@ class Proc:
         return self.ready is None or self.ready in self.output(offset)
 
     def output(self, offset: int = 0) -> str:
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(offset)
-                return handle.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path, offset)
 
     @property
     def alive(self) -> bool:

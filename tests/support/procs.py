@@ -88,12 +88,7 @@ class ProcfileProcess:
         return self.READY[self.name] in self.output(offset)
 
     def output(self, offset: int = 0) -> str:
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(offset)
-                return handle.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path, offset)
 
     @property
     def alive(self) -> bool:
@@ -126,6 +121,16 @@ class ProcfileProcess:
     def _reap_group(self, timeout: float = 10.0) -> None:
         if self.proc is not None:
             reap_group(self.proc.pid, timeout)
+
+
+def read_log(path: Path, offset: int = 0) -> str:
+    """A process's log from `offset` on ("" before it exists)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def reap_group(pgid: int, timeout: float = 10.0) -> None:
