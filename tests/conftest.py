@@ -4,6 +4,7 @@ Everything talks to real PostgreSQL (the database pytest-django creates) and rea
 """
 
 import json
+import os
 from urllib.parse import urlsplit
 
 import pytest
@@ -110,7 +111,8 @@ def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
     web.stop()
 
 
-WEB_STACK_ENV = {"BROKER_URL": "redis://127.0.0.1:6379/11", "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2,
+# TEST_WEB_BROKER_URL: two suites run side by side (one per checkout) each need their own.
+WEB_STACK_ENV = {"BROKER_URL": os.environ.get("TEST_WEB_BROKER_URL", "redis://127.0.0.1:6379/11"), "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2,
                  "SSE_MAX_S": 8,
                  "WORKER_CONCURRENCY": 8}
 
