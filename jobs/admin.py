@@ -1,23 +1,322 @@
+"""The operators' job views (DESIGN.md, section 10): the job list with every filter, the job page as one
+timeline, and cancel / retry / replay, alone or in bulk over every job the current filter matches, each
+through a confirmation with a count preview and a required reason, and an audit row (jobs.operations).
+
+Big tables: the list never counts the whole table (CappedPaginator), sorts on an index (job_created,
+job_status_created) and searches by id, upstream key, idempotency key or metadata pair (jobs_search)."""
+
 from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db.models import DecimalField, OuterRef, Subquery, Sum
+from django.http import Http404
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.functional import cached_property
 from rest_framework_api_key.admin import APIKeyModelAdmin
 
 from executor.models import Attempt
-from jobs.models import Client, ClientAPIKey, Job
+from jobs import adminkit, operations
+from jobs.models import Client, ClientAPIKey, Job, OperatorAction, OperatorActionKind
+from jobs.operations import JobFilter, OperationRefused, month_range
+from jobs.timeline import SHOWN, job_timeline
 
 
-class AttemptInline(admin.TabularInline):
-    """Every attempt of the job, with what it cost and where the figure comes from (quoted, derived or
-    local; empty: unpriced)."""
+class CappedPaginator(Paginator):
+    """Counts at most CAP + 1 rows (`SELECT count(*) FROM (... LIMIT CAP + 1)`): a list over millions of
+    jobs answers at once, and says "more than CAP" instead of the exact figure. Narrow the filter, or use
+    a bulk action's preview, for an exact count."""
 
-    model = Attempt
-    fields = ("number", "run", "step", "provider", "model", "upstream_key", "state", "error_class", "error",
-              "usage", "cost_usd", "cost_source", "duration_ms", "created_at")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    ordering = ("number",)
+    CAP = 10_000
 
-    def has_add_permission(self, request, obj=None):
+    @cached_property
+    def count(self):
+        return self.object_list[: self.CAP + 1].count()
+
+
+class ModelFilter(admin.SimpleListFilter):
+    """Jobs whose attempt chain names the model (first or a fallback)."""
+
+    title = "model"
+    parameter_name = "model"
+
+    def lookups(self, request, model_admin):
+        from billing.models import ModelPrice
+        from billing.rates import DEFAULTS
+
+        names = {*DEFAULTS, *(f"sandbox/{name}" for name in ("video-keyed", "image-lookup", "image-blind", "llm")),
+                 *ModelPrice.objects.values_list("model", flat=True)}
+        if self.value():
+            names.add(self.value())
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(model_chain__contains=[self.value()]) if self.value() else queryset
+
+
+class MonthFilter(admin.SimpleListFilter):
+    """Jobs created in a UTC month (the months billing counts in)."""
+
+    title = "month created"
+    parameter_name = "month"
+
+    def lookups(self, request, model_admin):
+        from django.utils import timezone
+
+        today = timezone.now()
+        months = []
+        year, month = today.year, today.month
+        for _ in range(14):
+            months.append((f"{year:04d}-{month:02d}", f"{year:04d}-{month:02d}"))
+            year, month = (year, month - 1) if month > 1 else (year - 1, 12)
+        return months
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        try:
+            first, after = month_range(self.value())
+        except OperationRefused:
+            return queryset.none()
+        return queryset.filter(created_at__gte=first, created_at__lt=after)
+
+
+class AttemptCost(Subquery):
+    """What a job's attempts cost (priced ones; unpriced ones are on the job page), one index probe a row."""
+
+    output_field = DecimalField(max_digits=12, decimal_places=6)
+
+    def __init__(self):
+        super().__init__(Attempt.objects.filter(job_id=OuterRef("pk")).order_by().values("job_id")
+                         .annotate(total=Sum("cost_usd")).values("total"))
+
+
+# The admin list's query parameters and the JobFilter field each one sets: a bulk action over "every job
+# this filter matches" reads the same parameters the list was filtered with.
+LIST_PARAMS = {"status__exact": "status", "kind__exact": "kind", "client__id__exact": "client", "model": "model",
+               "month": "month", "q": "search"}
+BULK = {  # action -> (verb, pays again)
+    OperatorActionKind.CANCEL: ("cancel", False),
+    OperatorActionKind.RETRY: ("retry", True),
+    OperatorActionKind.REPLAY: ("replay the deliveries of", False),
+}
+
+
+def filter_from_params(params) -> JobFilter:
+    values = {field: params.get(name, "") for name, field in LIST_PARAMS.items()}
+    return JobFilter(**values, ids=params.getlist("id"))
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("short_id", "client", "kind", "status", "chain", "run", "cost", "created_at", "completed_at")
+    list_filter = ("status", "kind", ("client", admin.RelatedOnlyFieldListFilter), ModelFilter, MonthFilter)
+    search_fields = ("id",)  # shows the search box; the search itself is jobs_search (get_search_results)
+    search_help_text = ("A job id, an upstream key (payonce-<job>-<n>), an idempotency key, "
+                        "or a metadata pair key=value.")
+    list_select_related = ("client",)
+    list_per_page = 50
+    ordering = ("-created_at", "-id")
+    paginator = CappedPaginator
+    show_full_result_count = False
+    actions = ["cancel_selected", "retry_selected", "replay_selected"]
+    change_list_template = "admin/jobs/job/change_list.html"
+
+    # --- the list ---------------------------------------------------------------------------------------
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(attempts_cost=AttemptCost()).defer("input", "output", "policy")
+
+    def get_search_results(self, request, queryset, search_term):
+        return operations.jobs_search(queryset, search_term), False
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup in LIST_PARAMS or super().lookup_allowed(lookup, value, request)
+
+    @admin.display(description="job", ordering="id")
+    def short_id(self, job):
+        return str(job.id)
+
+    @admin.display(description="models")
+    def chain(self, job):
+        return " -> ".join(job.model_chain)
+
+    @admin.display(description="cost (USD)")
+    def cost(self, job):
+        return job.attempts_cost if job.attempts_cost is not None else "—"
+
+    def changelist_view(self, request, extra_context=None):
+        query = request.GET.urlencode()
+        bulk = [(reverse("admin:jobs_job_bulk", args=[action]) + (f"?{query}" if query else ""), verb)
+                for action, (verb, _) in BULK.items()]
+        return super().changelist_view(request, {**(extra_context or {}), "bulk_links": bulk,
+                                                 "count_cap": CappedPaginator.CAP})
+
+    # --- the job page: one timeline ---------------------------------------------------------------------
+
+    def get_urls(self):
+        own = [
+            path("bulk/<str:action>/", self.admin_site.admin_view(self.bulk_view), name="jobs_job_bulk"),
+            path("<uuid:job_id>/output/", self.admin_site.admin_view(self.output_view), name="jobs_job_output"),
+        ]
+        return own + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        job = Job.objects.select_related("client").filter(pk=object_id).first() if _is_uuid(object_id) else None
+        if job is None:
+            raise Http404("No such job.")
+        output_url = reverse("admin:jobs_job_output", args=[job.id]) if job.output else ""
+        entries = job_timeline(job, output_url=output_url)
+        show_all = request.GET.get("all") == "1"
+        shown = entries if show_all else entries[-SHOWN:]
+        one = f"?id={job.id}"
+        return TemplateResponse(request, "admin/jobs/job/timeline.html", {
+            **self.admin_site.each_context(request), "title": f"Job {job.id}", "job": job, "opts": Job._meta,
+            "entries": shown, "total": len(entries), "hidden_count": len(entries) - len(shown),
+            "cost": _cost_of(job),
+            "actions": [(reverse("admin:jobs_job_bulk", args=[action]) + one, verb)
+                        for action, (verb, _) in BULK.items()
+                        if _applies(action, job)],
+        })
+
+    def output_view(self, request, job_id):
+        """The output file, for staff: the client's own store keys, as GET /v1/jobs/{id}/output serves it."""
+        from django.http import FileResponse, HttpResponseRedirect
+
+        from executor.store import client_store
+
+        job = Job.objects.filter(id=job_id).first()
+        if job is None or not job.output:
+            raise Http404("No output.")
+        store = client_store(job.client_id)
+        url = store.presigned_url(job.output["key"])
+        if url:
+            return HttpResponseRedirect(url)
+        try:
+            handle = store.open(job.output["key"])
+        except Exception:  # noqa: BLE001 (gone from the store, or the store is down: say so, no 500)
+            raise Http404("The output cannot be read from the store now.") from None
+        return FileResponse(handle, content_type=job.output.get("content_type"))
+
+    # --- actions: on the selection, or on every job the filter matches ----------------------------------
+
+    def bulk_view(self, request, action):
+        """Every job the list's filter matches (the query string), or `?id=` ones: the preview, then the
+        action once a reason is given."""
+        if action not in BULK:
+            raise Http404("No such action.")
+        try:
+            job_filter = filter_from_params(request.GET)
+            jobs = job_filter.jobs()
+        except OperationRefused as exc:
+            self.message_user(request, str(exc), level="error")
+            return redirect("admin:jobs_job_changelist")
+        query = request.GET.copy()
+        query.pop("id", None)
+        back = reverse("admin:jobs_job_changelist") + (f"?{query.urlencode()}" if query else "")
+        if job_filter.ids and len(job_filter.ids) == 1:
+            back = reverse("admin:jobs_job_change", args=[job_filter.ids[0]])
+        return self._confirm_and_act(request, action, jobs, job_filter.describe(), hidden=[], back=back)
+
+    def _confirm_and_act(self, request, action, jobs, target, *, hidden, back):
+        verb, pays_again = BULK[action]
+        error = ""
+        if adminkit.confirmed(request):
+            entry, error = adminkit.act_or_refuse(request, lambda: operations.jobs_act(
+                action=action, jobs=jobs, target=target, who=request.user.get_username(), via="admin",
+                reason=request.POST.get("reason", "")))
+            if entry is not None:
+                adminkit.acted_message(self, request, entry)
+                return redirect(back)
+        preview = operations.preview_jobs(action=action, jobs=jobs, target=target)
+        return adminkit.confirm_page(
+            request, self.admin_site, title=f"{verb.capitalize()} jobs", verb=verb, preview=preview, hidden=hidden,
+            back_url=back, back_label="Jobs", pays_again=pays_again, reason_error=error,
+            skipped_why=_SKIPPED[action],
+            nothing_paid="a replay sends the stored envelopes again under the same webhook-id; no provider is called."
+            if action == OperatorActionKind.REPLAY else "")
+
+    def _selection_action(self, request, queryset, action):
+        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+        across = request.POST.get("select_across") == "1"
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        target = (filter_from_params(request.GET).describe() if across else f"ids={len(selected)} selected")
+        hidden = [("action", request.POST["action"]), ("select_across", "1" if across else "0"), ("index", "0")]
+        hidden += [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
+        # The list's queryset carries its page's joins and cost column; the action needs only which jobs.
+        jobs = Job.objects.filter(pk__in=queryset.order_by().values("pk"))
+        return self._confirm_and_act(request, action, jobs, target, hidden=hidden,
+                                     back=request.get_full_path())
+
+    @admin.action(description="Cancel the selected jobs…")
+    def cancel_selected(self, request, queryset):
+        return self._selection_action(request, queryset, OperatorActionKind.CANCEL)
+
+    @admin.action(description="Retry the selected jobs (pays again)…")
+    def retry_selected(self, request, queryset):
+        return self._selection_action(request, queryset, OperatorActionKind.RETRY)
+
+    @admin.action(description="Replay the selected jobs' deliveries…")
+    def replay_selected(self, request, queryset):
+        return self._selection_action(request, queryset, OperatorActionKind.REPLAY)
+
+    def has_add_permission(self, request):
+        return False  # jobs come from clients (POST /v1/jobs or manage.py submit)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a job is a money record: cancel it, never delete it
+
+
+_SKIPPED = {
+    OperatorActionKind.CANCEL: "already ended",
+    OperatorActionKind.RETRY: "only failed or waiting jobs are retried; succeeded and cancelled ones stay ended",
+    OperatorActionKind.REPLAY: "",
+}
+
+
+def _applies(action, job) -> bool:
+    if action == OperatorActionKind.CANCEL:
+        return job.is_open
+    if action == OperatorActionKind.RETRY:
+        return job.status in operations.RETRYABLE
+    return True
+
+
+def _cost_of(job) -> dict:
+    from executor.selectors import attempts_for, public_attempts
+
+    return public_attempts(attempts_for([job.id]).get(job.id, []))[1]
+
+
+def _is_uuid(value) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(admin.ModelAdmin):
+    """The audit trail of operator actions: read only, never deleted."""
+
+    list_display = ("started_at", "who", "via", "action", "target", "matched", "acted", "reason", "finished_at")
+    list_filter = ("action", "via")
+    search_fields = ("who", "reason", "target")
+    readonly_fields = [f.name for f in OperatorAction._meta.fields]
+    paginator = CappedPaginator
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 
@@ -31,11 +330,3 @@ class ClientAdmin(admin.ModelAdmin):
 class ClientAPIKeyAdmin(APIKeyModelAdmin):
     list_display = (*APIKeyModelAdmin.list_display, "client")
 
-
-@admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "client", "kind", "status", "run", "created_at", "completed_at")
-    list_filter = ("status", "kind")
-    search_fields = ("id", "idempotency_key")
-    readonly_fields = [f.name for f in Job._meta.fields]
-    inlines = [AttemptInline]

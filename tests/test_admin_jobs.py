@@ -1,0 +1,176 @@
+"""The operators' job admin on the real database: the list's filters and search, the job page's one
+timeline, and cancel / retry / replay over every job a filter matches, each through its confirmation
+(count preview, required reason) and one audit row. The browser test (tests/test_admin_browser.py)
+drives the same pages in chromium after a real end-to-end run."""
+
+from decimal import Decimal
+
+import pytest
+from django.test.utils import CaptureQueriesContext
+from django.db import connection
+from django.utils import timezone
+
+from executor.models import Attempt, AttemptState
+from jobs.models import Job, JobStatus, OperatorAction, Step, StepStatus
+from jobs.services import job_finish
+from tests.conftest import media_body
+from webhooks.models import Delivery, DeliveryStatus
+
+pytestmark = pytest.mark.django_db
+
+
+def make_job(api, key, **overrides):
+    response = api.create(media_body(**overrides), key=key)
+    assert response.status_code == 201, response.content
+    return Job.objects.get(id=response.json()["id"])
+
+
+def attempt(job, number, state=AttemptState.FAILED, **fields):
+    return Attempt.objects.create(job=job, run=job.run, number=number, provider="sandbox", model="video-keyed",
+                                  upstream_key=f"payonce-{job.id}-{number}", state=state, **fields)
+
+
+@pytest.fixture
+def jobs(make_api):
+    alpha, beta = make_api("alpha"), make_api("beta")
+    made = {
+        "queued": make_job(alpha, "a-queued", metadata={"customer": "c7", "n": 7}),
+        "failed": make_job(alpha, "a-failed", models=["sandbox/video-keyed", "sandbox/image-lookup"]),
+        "done": make_job(alpha, "a-done"),
+        "beta_queued": make_job(beta, "b-queued"),
+    }
+    attempt(made["failed"], 1, error_class="server_error", error="upstream said: 500 boom",
+            usage={"seconds": 2}, cost_usd=Decimal("0.400000"), cost_source="quoted")
+    attempt(made["failed"], 2, error_class="refused", error="the model refused")
+    job_finish(job_id=made["failed"].id, status=JobStatus.FAILED,
+               error={"code": "ATTEMPTS_EXHAUSTED", "message": "every try failed"})
+    attempt(made["done"], 1, state=AttemptState.SUCCEEDED, cost_usd=Decimal("0.400000"), cost_source="quoted")
+    Step.objects.create(job=made["done"], run=1, name="submit", status=StepStatus.DONE, lease_owner="jobs@h1",
+                        finished_at=timezone.now())
+    job_finish(job_id=made["done"].id, status=JobStatus.SUCCEEDED,
+               output={"key": "out/x.mp4", "written_by": str(made["done"].id), "content_type": "video/mp4"})
+    return {name: Job.objects.get(id=job.id) for name, job in made.items()}
+
+
+def listed(admin_client, **params) -> set[str]:
+    response = admin_client.get("/admin/jobs/job/", params)
+    assert response.status_code == 200
+    return {str(job.id) for job in response.context["cl"].result_list}
+
+
+def test_the_list_filters_by_status_client_model_kind_and_month(admin_client, jobs):
+    ids = {name: str(job.id) for name, job in jobs.items()}
+    assert listed(admin_client) == set(ids.values())
+    assert listed(admin_client, status__exact="queued") == {ids["queued"], ids["beta_queued"]}
+    assert listed(admin_client, client__id__exact=str(jobs["beta_queued"].client_id)) == {ids["beta_queued"]}
+    assert listed(admin_client, model="sandbox/image-lookup") == {ids["failed"]}
+    assert listed(admin_client, kind__exact="report") == set()
+    this_month = f"{timezone.now():%Y-%m}"
+    assert listed(admin_client, month=this_month) == set(ids.values())
+    assert listed(admin_client, month="2001-01") == set()
+
+
+def test_the_search_finds_a_job_by_id_upstream_key_idempotency_key_and_metadata(admin_client, jobs):
+    failed = str(jobs["failed"].id)
+    assert listed(admin_client, q=failed) == {failed}
+    assert listed(admin_client, q=f"payonce-{failed}-2") == {failed}
+    assert listed(admin_client, q=f"payonce-{failed}-9") == set()  # no such attempt
+    assert listed(admin_client, q="a-failed") == {failed}
+    assert listed(admin_client, q="customer=c7") == {str(jobs["queued"].id)}
+    assert listed(admin_client, q="n=7") == {str(jobs["queued"].id)}  # a number in the metadata
+    assert listed(admin_client, q="customer=c8") == set()
+
+
+def test_the_list_never_counts_the_whole_table(admin_client, jobs):
+    with CaptureQueriesContext(connection) as queries:
+        assert admin_client.get("/admin/jobs/job/").status_code == 200
+    counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert counts, "the list counts what it shows"
+    assert all("LIMIT" in sql.upper() for sql in counts), counts
+
+
+def test_the_job_page_is_one_timeline_in_time_order_with_the_providers_words(admin_client, jobs):
+    failed = jobs["failed"]
+    response = admin_client.get(f"/admin/jobs/job/{failed.id}/change/")
+    assert response.status_code == 200
+    entries = response.context["entries"]
+    assert [entry.at for entry in entries] == sorted(entry.at for entry in entries)
+    kinds = [entry.kind for entry in entries]
+    assert kinds[0] == "job" and {"attempt", "delivery"} <= set(kinds)
+    page = response.content.decode()
+    for text in (f"payonce-{failed.id}-1", "upstream said: 500 boom", "server_error", "quoted", "$0.400000",
+                 "ATTEMPTS_EXHAUSTED", f"{failed.id}:1:generation.failed"):
+        assert text in page, text
+
+
+def test_the_job_page_links_the_output(admin_client, jobs):
+    page = admin_client.get(f"/admin/jobs/job/{jobs['done'].id}/change/").content.decode()
+    assert f"/admin/jobs/job/{jobs['done'].id}/output/" in page
+    assert "jobs@h1" in page  # the step's lease holder
+
+
+def test_a_bulk_cancel_over_a_filter_previews_needs_a_reason_and_writes_one_audit_row(admin_client, jobs):
+    url = f"/admin/jobs/job/bulk/cancel/?client__id__exact={jobs['queued'].client_id}"
+    preview = admin_client.get(url)
+    assert preview.status_code == 200
+    assert (preview.context["preview"].matched, preview.context["preview"].acting) == (3, 1)  # one alpha job open
+
+    refused = admin_client.post(url, {"confirm": "yes", "reason": "  "})
+    assert refused.status_code == 200 and refused.context["reason_error"]
+    assert not OperatorAction.objects.exists()
+    assert Job.objects.get(id=jobs["queued"].id).status == JobStatus.QUEUED
+
+    done = admin_client.post(url, {"confirm": "yes", "reason": "customer asked to stop"})
+    assert done.status_code == 302
+    assert Job.objects.get(id=jobs["queued"].id).status == JobStatus.CANCELLED
+    assert Job.objects.get(id=jobs["beta_queued"].id).status == JobStatus.QUEUED  # another client: untouched
+    entry = OperatorAction.objects.get()
+    assert (entry.action, entry.who, entry.via, entry.matched, entry.acted) == ("cancel", "admin", "admin", 3, 1)
+    assert entry.reason == "customer asked to stop" and entry.finished_at is not None
+    assert f"client={jobs['queued'].client_id}" in entry.target
+    assert admin_client.get(f"/admin/jobs/operatoraction/{entry.id}/change/").status_code == 200
+
+
+def test_a_retry_says_it_pays_again_with_its_worst_case_and_starts_a_new_run(admin_client, jobs):
+    failed = jobs["failed"]
+    url = f"/admin/jobs/job/bulk/retry/?id={failed.id}"
+    preview = admin_client.get(url)
+    assert "This pays again" in preview.content.decode()
+    # video-keyed $0.40 and image-lookup $0.04, each up to 3 tries (the default policy)
+    assert preview.context["preview"].worst_case_usd == Decimal("1.320000")
+    assert admin_client.post(url, {"confirm": "yes", "reason": "provider fixed"}).status_code == 302
+    job = Job.objects.get(id=failed.id)
+    assert (job.status, job.run) == (JobStatus.QUEUED, 2)
+    assert OperatorAction.objects.get().detail["worst_case_usd"] == "1.320000"
+
+
+def test_a_replay_resends_the_stored_deliveries_and_pays_nothing(admin_client, jobs):
+    Delivery.objects.update(status=DeliveryStatus.DEAD, schedule_position=3)
+    attempts_before = Attempt.objects.count()
+    url = "/admin/jobs/job/bulk/replay/?status__exact=failed"
+    preview = admin_client.get(url).context["preview"]
+    assert (preview.matched, preview.deliveries) == (1, 1)
+    assert admin_client.post(url, {"confirm": "yes", "reason": "receiver was down"}).status_code == 302
+    replayed = Delivery.objects.get(job_id=jobs["failed"].id)
+    assert (replayed.status, replayed.schedule_position) == (DeliveryStatus.PENDING, 0)
+    assert Delivery.objects.get(job_id=jobs["done"].id).status == DeliveryStatus.DEAD  # not matched
+    assert Attempt.objects.count() == attempts_before
+
+
+def test_the_selection_actions_confirm_with_a_reason_too(admin_client, jobs):
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    chosen = {"action": "cancel_selected", ACTION_CHECKBOX_NAME: [str(jobs["beta_queued"].id)], "index": "0"}
+    preview = admin_client.post("/admin/jobs/job/", chosen)
+    assert preview.status_code == 200 and preview.context["preview"].acting == 1
+    assert Job.objects.get(id=jobs["beta_queued"].id).status == JobStatus.QUEUED
+    admin_client.post("/admin/jobs/job/", {**chosen, "confirm": "yes", "reason": "duplicate order"})
+    assert Job.objects.get(id=jobs["beta_queued"].id).status == JobStatus.CANCELLED
+    assert OperatorAction.objects.get().target == "ids=1 selected"
+
+
+def test_a_bad_filter_value_is_refused_not_a_500(admin_client, jobs):
+    response = admin_client.get("/admin/jobs/job/bulk/cancel/?month=2026-13")
+    assert response.status_code == 302
+    assert admin_client.get("/admin/jobs/job/bulk/explode/").status_code == 404
+    assert admin_client.get("/admin/jobs/job/not-a-uuid/change/").status_code == 404
