@@ -29,9 +29,12 @@ def confirmed(request) -> bool:
 def acted_message(model_admin, request, entry) -> None:
     """The message after an action, linking to its audit row."""
     link = reverse("admin:jobs_operatoraction_change", args=[entry.id])
-    model_admin.message_user(
-        request, f"{entry.get_action_display()}: {entry.acted} of {entry.matched} changed. Audit row: {link}",
-        messages.SUCCESS if entry.acted else messages.WARNING)
+    if entry.action == "replay":  # counted in deliveries, over the jobs matched
+        done = f"{entry.acted} deliveries sent again, over {entry.matched} job{'s' if entry.matched != 1 else ''}"
+    else:
+        done = f"{entry.acted} of {entry.matched} changed"
+    model_admin.message_user(request, f"{entry.get_action_display()}: {done}. Audit row: {link}",
+                             messages.SUCCESS if entry.acted else messages.WARNING)
 
 
 def act_or_refuse(request, act):
