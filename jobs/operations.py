@@ -100,7 +100,7 @@ class JobFilter:
                 raise OperationRefused(f"kind must be one of {', '.join(JobKind.values)}")
             jobs = jobs.filter(kind=self.kind)
         if self.client:
-            jobs = jobs.filter(client_id__in=_client_ids(self.client))
+            jobs = jobs.filter(client_id__in=client_ids(self.client))
         if self.model:
             jobs = jobs.filter(model_chain__contains=[self.model])
         if self.month:
@@ -120,7 +120,7 @@ class JobFilter:
         return ", ".join(parts) or "every job"
 
 
-def _client_ids(client: str) -> list:
+def client_ids(client: str) -> list:
     try:
         return [uuid.UUID(client)]
     except ValueError:
@@ -182,19 +182,44 @@ def _preview(action, target, matched, acting: QuerySet) -> Preview:
 def retry_worst_case(job: Job) -> Decimal:
     """The most a new run of `job` may reserve (and so pay), every call at its worst case: a media job,
     each model of its chain tried attempts_per_model times; a report, one call for each chapter not yet
-    written (and the synthesis, if it was not), written chapters being read back for free."""
+    written and the synthesis if it was not (written ones are read back for free)."""
     from billing import rates
     from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 
     if job.kind == JobKind.REPORT:
-        from jobs import reports
-        from jobs.recipes import chapter_worst_case
-
-        report = reports.report_of(job.id)
-        calls = len(reports.chapters_left(report)) + (report.synthesis is None)
-        return chapter_worst_case(_RunOf(job), report) * calls if calls else Decimal("0.000000")
+        return _report_worst_case(job)
     tries = (job.policy or {}).get("attempts_per_model", DEFAULT_ATTEMPTS_PER_MODEL)
     return sum((rates.worst_case(model) * tries for model in job.model_chain), Decimal("0.000000"))
+
+
+def _report_worst_case(job: Job) -> Decimal:
+    from django.conf import settings
+
+    from billing import rates
+    from executor.attempts import LLM_MAX_TOKENS
+    from jobs import reports
+    from jobs.models import Report
+    from jobs.recipes import chapter_worst_case
+
+    report = Report.objects.filter(job_id=job.id).first()
+    if report is None:  # it failed before its first step wrote the report: everything is still to write
+        report = Report(job=job, subject=(job.input or {}).get("subject"),
+                        chapter_keys=list((job.input or {}).get("chapters", [])))
+        left = list(report.chapter_keys)
+    else:
+        left = reports.chapters_left(report)
+    synthesis = Decimal("0.000000")
+    if report.synthesis is None:
+        synthesis = rates.worst_case(job.model_chain[0], max_tokens=min(settings.REPORT_SYNTHESIS_MAX_TOKENS,
+                                                                        LLM_MAX_TOKENS),
+                                     input_tokens=rates.input_tokens_bound(reports.SYSTEM_PROMPT,
+                                                                           reports.synthesis_messages(report)))
+        # The chapters read a synthesis not written yet: bound it by its whole max_tokens, each token
+        # as long as the longest UTF-8 character.
+        report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
+    if not left:
+        return synthesis
+    return synthesis + chapter_worst_case(_RunOf(job), report) * len(left)
 
 
 @dataclass
@@ -271,6 +296,30 @@ def dead_letters_replay(*, deliveries: QuerySet, target: str, who: str, via: str
                         preview=preview)
     acted = 0
     for delivery in deliveries.filter(status=DeliveryStatus.DEAD).only("id").iterator(chunk_size=CHUNK):
+        delivery_replay(delivery=delivery)
+        acted += 1
+    return audit_finish(entry, acted)
+
+
+def deliveries_preview(*, deliveries: QuerySet, target: str) -> Preview:
+    """A replay of chosen deliveries whatever their status: a delivered one too (a receiver that lost what
+    it got; receivers dedupe on webhook-id), a pending one is sent again from its schedule's start."""
+    matched = deliveries.count()
+    return Preview(action=OperatorActionKind.REPLAY, target=target, matched=matched, acting=matched, skipped=0,
+                   deliveries=matched,
+                   sample=list(deliveries.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
+
+
+def deliveries_replay_rows(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
+    """Send the chosen deliveries again (the delivery admin's replay): the stored envelope, the same
+    webhook-id, the retry schedule from its start. Nothing is paid."""
+    from webhooks.services import delivery_replay
+
+    preview = deliveries_preview(deliveries=deliveries, target=target)
+    entry = audit_start(action=OperatorActionKind.REPLAY, who=who, via=via, target=target, reason=reason,
+                        preview=preview)
+    acted = 0
+    for delivery in deliveries.only("id").iterator(chunk_size=CHUNK):
         delivery_replay(delivery=delivery)
         acted += 1
     return audit_finish(entry, acted)

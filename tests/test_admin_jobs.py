@@ -174,3 +174,18 @@ def test_a_bad_filter_value_is_refused_not_a_500(admin_client, jobs):
     assert response.status_code == 302
     assert admin_client.get("/admin/jobs/job/bulk/explode/").status_code == 404
     assert admin_client.get("/admin/jobs/job/not-a-uuid/change/").status_code == 404
+
+
+def test_a_report_that_failed_before_its_first_step_previews_a_retry_of_every_call(admin_client, api):
+    from jobs.models import Report
+    from tests.test_reports import CHAPTERS, report_body
+
+    response = api.create(report_body(), key="early")
+    job_id = response.json()["id"]
+    assert not Report.objects.filter(job_id=job_id).exists()
+    job_finish(job_id=job_id, status=JobStatus.FAILED, error={"code": "BUDGET_EXCEEDED", "message": "no room"})
+    preview = admin_client.get(f"/admin/jobs/job/bulk/retry/?id={job_id}").context["preview"]
+    # the synthesis and every chapter, each at its worst case: more than the chapters alone
+    from billing import rates
+
+    assert preview.worst_case_usd > rates.worst_case("sandbox/llm", max_tokens=4000) * len(CHAPTERS)
