@@ -5,9 +5,11 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from celery import Celery
+from celery import Celery, signals
 from celery.beat import PersistentScheduler
 from kombu import Exchange, Queue
+
+from config import logs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -22,6 +24,33 @@ app.conf.task_queues = (Queue("jobs", _default, routing_key="jobs"), Queue("webh
 app.conf.task_default_exchange = ""
 app.conf.task_default_routing_key = "jobs"
 app.autodiscover_tasks()
+
+
+@signals.setup_logging.connect
+def _log_through_django(**_):
+    """Worker and beat log through Django's LOGGING (config.logs: JSON lines, redacted), not Celery's
+    own handler and format: a receiver of this signal is what tells Celery to leave logging alone. As
+    Celery does by default, stray writes to stdout and stderr (a print, the console mail backend) become
+    records too (logger celery.redirected), so they come out as JSON lines. Celery's banner and its
+    shutdown notice are written to the original streams, before and after, and stay plain text."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)
+    if app.conf.worker_redirect_stdouts:
+        app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+
+
+@signals.task_prerun.connect
+def _task_log_context(task=None, args=None, kwargs=None, **_):
+    """Every line a task logs carries its arguments named like a log field (job_id, run, delivery_id)."""
+    logs.task_context_start(task, args, kwargs)
+
+
+@signals.task_postrun.connect
+def _task_log_context_end(**_):
+    logs.task_context_end()
 
 
 @app.task(name="payonce.noop", ignore_result=True)

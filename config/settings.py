@@ -105,13 +105,26 @@ STATIC_URL = "/static/"
 # STATIC_ROOT, run collectstatic and serve them from there.
 STATIC_ROOT = env_str("STATIC_ROOT", "") or None
 
+# Logs (config.logs): LOG_FORMAT=json (the default) writes one JSON object per line, with the job_id, step,
+# attempt, upstream_key, delivery_id, run and model of the code that logged it; LOG_FORMAT=plain is the
+# same records for a developer's terminal. Either way the one handler passes every record through the
+# redaction filter: no API key, webhook secret, provider key or password is written. The worker and beat
+# log through this too (config.celery), and the web process's uvicorn lines (config/uvicorn-log.json).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"console": {"()": "config.logs.formatter", "name": env_str("LOG_FORMAT", "json")}},
+    "filters": {"context": {"()": "config.logs.ContextFilter"}, "redact": {"()": "config.logs.RedactFilter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "console", "filters": ["context", "redact"]},
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    # Django's own handlers on `django` (a console one under DEBUG, mail_admins) would write its records a
+    # second time, in their own format: they reach the root's handler instead.
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.db.backends": {"level": "INFO"},
+    },
 }
 
 # --- API -----------------------------------------------------------------------------------------------
@@ -265,6 +278,13 @@ CACHE_URL = env_str("CACHE_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswi
 CACHES = {"default": (
     {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL, "KEY_PREFIX": "payonce"}
     if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"})}
+# GET /metrics (config.metrics). With METRICS_TOKEN set, a scrape needs `Authorization: Bearer <token>`;
+# unset, only loopback may scrape. Events that leave no row (sweeper recoveries, callbacks, polls) are
+# counted in one hash in METRICS_REDIS_URL (the broker's Redis unless set); empty (a non-Redis broker and
+# no URL set), those counters are not kept and /metrics does not export them.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_REDIS_URL = env_str("METRICS_REDIS_URL",
+                            CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True
 # Step and job rows hold every outcome; storing each task's return value would add a commit per message.

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config.metrics import metrics_view
 from jobs import views as job_views
 
 urlpatterns = [
@@ -12,6 +13,7 @@ urlpatterns = [
     path("v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),
     path("r/<str:token>", job_views.report_page, name="report-page"),
+    path("metrics", metrics_view, name="metrics"),
 ]
 
 # Errors outside DRF views (unknown paths, crashes) are JSON too, never an HTML page.

@@ -34,6 +34,8 @@ from django.utils.module_loading import import_string
 from billing import rates as rate_card
 from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
+from config.logs import log_event
+from config.metrics import count
 from config.sql import update_sql, violated_constraint
 from executor import callbacks, policy, services
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
@@ -138,6 +140,7 @@ def _wait(job, *, rung: bool = False) -> dict | None:
         try:
             polled = services.provider(spec).poll(spec.model, current.upstream_id)
         except ProviderError as exc:
+            count("polls", outcome="error")
             if waited > window:
                 return _expire(job, current, spec, window)
             errors = current.poll_errors + 1
@@ -145,6 +148,7 @@ def _wait(job, *, rung: bool = False) -> dict | None:
             countdown = policy.poll_retry_s(errors, poll_interval_s=settings.POLL_INTERVAL_S, left_s=window - waited)
             raise StepRetry(f"poll failed ({exc.kind}: {exc.message})", countdown=countdown) from exc
         result_status, output_url, error, error_class = polled.status, polled.output_url, polled.error, polled.error_class
+        count("polls", outcome=result_status)
         telemetry = _telemetry(current, polled.cost_usd, polled.usage)
         if current.poll_errors:
             telemetry["poll_errors"] = 0
@@ -215,6 +219,7 @@ def finish_answered(job, mark) -> tuple[dict, bool] | None:
         return None  # ended meanwhile (a cancel): the wait step reads what the record says
     for name, value in fields.items():
         setattr(current, name, value)
+    _log_end(current)
     return result, marked
 
 
@@ -254,6 +259,8 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
             billing.release(key=attempt.upstream_key)
         elif ended:
             billing.settle(key=attempt.upstream_key, cost=None)
+        if ended:
+            _log(f"attempt.{state.value}", attempt, error_class=ErrorClass.CANCELLED if unsent else attempt.error_class)
     return None
 
 
@@ -267,7 +274,8 @@ def sweep_cancelled(limit: int = 100) -> int:
     out = list(Attempt.objects.filter(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING],
                                       job__status="cancelled").select_related("job").order_by("id")[:limit])
     for attempt in out:
-        _cancel_out(attempt)
+        if _cancel_out(attempt) is None:  # None: ended; a float: its send's answer may still come
+            count("sweeper_recoveries", what="cancelled_attempt")
     return len(out)
 
 
@@ -358,6 +366,7 @@ def _llm_attempt(job, *, step: str, model_name: str, system: str, messages: list
     attempt = _intend(job, model_name, step=step, worst_case=worst, pool=pool,
                       request_extra={"system": system, "messages": messages, "max_tokens": max_tokens})
     started = time.monotonic()
+    _log("attempt.sent", attempt, sends=attempt.sends)
     try:
         completion = services.provider(spec).complete(
             spec.model, system=system, messages=messages, max_tokens=max_tokens,
@@ -500,6 +509,7 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
                           model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
                           request=request, sends=1, poll_errors=0, created_at=now, submitted_at=now)
         attempt.intended_now = True  # this execution just wrote it (and the cancel check with it)
+        _log("attempt.intent", attempt, worst_case_usd=worst)
         return attempt
     raise StepRetry("the job's attempt numbers are contended; trying again", countdown=0.2)
 
@@ -566,6 +576,7 @@ def _send(job, attempt: Attempt) -> None:
         return
     provider = services.provider(spec)
     started = time.monotonic()
+    _log("attempt.sent", attempt, sends=attempt.sends)  # before the call: a crash during it still shows the send
     try:
         submission = provider.submit(spec.model, upstream_key=attempt.upstream_key, inputs=inputs,
                                      prompt=attempt.request["prompt"], params=attempt.request["params"],
@@ -689,9 +700,11 @@ def _answered_accepted(attempt: Attempt, submission, started: float | None) -> N
         if done.with_update(result, Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING), fields):
             for name, value in fields.items():
                 setattr(attempt, name, value)
+            _log("attempt.accepted", attempt, upstream_id=attempt.upstream_id)
             return
         attempt.refresh_from_db()
     elif _update(attempt, expect=AttemptState.SUBMITTING, **fields):
+        _log("attempt.accepted", attempt, upstream_id=attempt.upstream_id)
         return
     logger.warning("attempt %s: accepted as %s, but another execution had resolved it first (%s)",
                    attempt.upstream_key, submission.upstream_id, attempt.state)
@@ -763,7 +776,10 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
     reservation moves only if this execution ended the attempt."""
     fields = _end_fields(attempt, money=money, output_url=output_url, fields=fields)
     if money == HOLD:
-        return _update(attempt, expect=expect, state=state, **fields)
+        if not _update(attempt, expect=expect, state=state, **fields):
+            return False
+        _log_end(attempt)
+        return True
     # No savepoint inside a caller's transaction (jobs.runner's ready wait): it all commits or none does.
     with transaction.atomic(savepoint=False):
         if not _update(attempt, expect=expect, state=state, **fields):
@@ -775,7 +791,23 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
         done = _DONE_MARK.get() if mark is not None else None
         if done is not None:  # the step this end finishes is marked done in the same commit
             done.in_transaction(mark(attempt))
+        _log_end(attempt)
     return True
+
+
+def _log(event: str, attempt: Attempt, **fields) -> None:
+    """One line per attempt event (config.logs), with the ids an operator finds it by. Never the request:
+    it holds the prompt."""
+    log_event(logger, event, job_id=attempt.job_id, run=attempt.run, step=attempt.step, attempt=attempt.number,
+              upstream_key=attempt.upstream_key, model=attempt.model_name, **fields)
+
+
+def _log_end(attempt: Attempt) -> None:
+    """attempt.succeeded, attempt.failed or attempt.uncertain: how it ended, what it cost, how long it took.
+    The provider's words stay on the record (they may quote the input)."""
+    _log(f"attempt.{AttemptState(attempt.state).value}", attempt, error_class=attempt.error_class,
+         last_status=attempt.last_status, sends=attempt.sends, cost_usd=attempt.cost_usd,
+         cost_source=attempt.cost_source or None, duration_ms=attempt.duration_ms)
 
 
 def _end_fields(attempt: Attempt, *, money: str, output_url: str | None, fields: dict) -> dict:

@@ -21,6 +21,7 @@ from django.core.cache import cache
 from django.db import connection
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from config.metrics import count
 from executor.models import AttemptState
 from jobs.models import JobStatus, StepStatus
 
@@ -62,14 +63,17 @@ def verify(provider: str, body: bytes, headers) -> tuple[str, str]:
     The refusal never says which check failed."""
     secret = _secret(provider)
     if not secret:
+        count("callbacks", outcome="not_configured")
         raise Refused(404, "CALLBACK_NOT_CONFIGURED", f"No callbacks are taken from {provider!r}.")
     wanted = {name: headers.get(name, "") for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
     try:
         payload = Webhook(secret).verify(body, wanted)
     except (WebhookVerificationError, ValueError, UnicodeDecodeError):
+        count("callbacks", outcome="bad_signature")
         raise Refused(400, "CALLBACK_UNVERIFIED", "The callback's signature or timestamp does not verify.") from None
     generation = payload.get("id") if isinstance(payload, dict) else None
     if not isinstance(generation, str) or not generation or len(generation) > 200:
+        count("callbacks", outcome="invalid")
         raise Refused(422, "INVALID_REQUEST", "The callback names no generation id.")
     return wanted["webhook-id"], generation
 
@@ -100,23 +104,30 @@ def ring(provider: str, body: bytes, headers) -> Answer:
         cursor.execute(_FIND_SQL, {"wait": "wait", "provider": provider, "upstream_id": generation})
         found = cursor.fetchone()
     if found is None:
+        count("callbacks", outcome="unknown_generation")
         return Answer(404, "CALLBACK_UNKNOWN_GENERATION", "No attempt of ours has that generation.")
     job_id, key, attempt_state, current_run, job_status, kind, run, wait_status, wait_owner, submit_status = found
     if attempt_state != AttemptState.RUNNING or not current_run or job_status != JobStatus.RUNNING:
+        count("callbacks", outcome="ended")
         return Answer(200, "ended", "Nothing waits on that generation any more.")
     if wait_status is None and submit_status != StepStatus.DONE:
         # The worker that submitted has not recorded the acceptance yet; it will be waiting in a moment.
+        count("callbacks", outcome="early")
         return Answer(409, "CALLBACK_EARLY", "The job is not waiting on that generation yet; send it again.")
     if wait_status not in (None, StepStatus.RUNNING):
+        count("callbacks", outcome="ended")
         return Answer(200, "ended", "The wait is over.")
     # Closes the race of two deliveries of one message (a provider's retry crossing our answer, two web
     # processes): the message id is taken once, atomically, and only the taker wakes the step. Scoped
     # by the attempt's upstream key: a provider's ids are its own, ours are unique across every job.
     if not cache.add(f"callback:{provider}:{key}:{message_id}", 1, timeout=SEEN_TTL_S):
+        count("callbacks", outcome="duplicate")
         return Answer(200, "duplicate", "That message was taken already.")
     stage = workflow.RECIPES[kind].waiting_stage()
     # The wake runs the waiting stage under the chain that holds its polling lease (so it takes the
     # lease rather than stopping at it); with no wait row yet, under a chain of its own.
     tasks.start_run(job_id, run, kind, stage, root_id=wait_owner or None, rung=True)
-    logger.info("callback %s from %s: woke job %s", message_id, provider, job_id)
+    logger.info("callback %s from %s: woke job %s", message_id, provider, job_id,
+                extra={"job_id": job_id, "run": run, "upstream_key": key})
+    count("callbacks", outcome="rung")
     return Answer(202, "rung", "The waiting step was woken.")

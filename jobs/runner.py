@@ -13,6 +13,7 @@ The runner talks only to the database. It answers with an outcome of jobs.workfl
 (jobs.tasks) turns into Celery actions, so every path here can be driven directly from a test.
 """
 
+import functools
 import logging
 from datetime import datetime
 
@@ -20,6 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from config.logs import log_context, log_event
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
 from jobs.models import JobStatus, StepStatus
@@ -233,7 +235,8 @@ def _run_db(ctx: StepContext, specs: list[StepSpec], then: StepSpec | None = Non
         with transaction.atomic():
             for spec in specs:
                 try:
-                    marks.append((spec.name, spec.fn(ctx)))
+                    with log_context(job_id=ctx.job.id, run=ctx.run, step=spec.name):
+                        marks.append((spec.name, spec.fn(ctx)))
                 except JobFailure as failure:
                     failure.step = spec.name  # the whole group rolls back; this step is the one that failed
                     raise
@@ -294,6 +297,19 @@ def _claim_leased(ctx: StepContext, spec: StepSpec):
         return _claim(ctx, spec)  # the other execution's reads stand; this step reads them (ctx.rows)
 
 
+def _logged_as_step(run_step):
+    """A step's code logs with its job, run and step (config.logs.log_context): a line of a provider, the
+    store or billing says which step it came from without being told."""
+
+    @functools.wraps(run_step)
+    def run(ctx: StepContext, spec: StepSpec, *args, **kwargs):
+        with log_context(job_id=ctx.job.id, run=ctx.run, step=spec.name):
+            return run_step(ctx, spec, *args, **kwargs)
+
+    return run
+
+
+@_logged_as_step
 def _run_read(ctx: StepContext, spec: StepSpec):
     try:
         result = spec.fn(ctx)
@@ -309,6 +325,7 @@ def _run_read(ctx: StepContext, spec: StepSpec):
     return None
 
 
+@_logged_as_step
 def _run_external(ctx: StepContext, spec: StepSpec):
     state, row = _claim_leased(ctx, spec)
     if state == "adopted":
@@ -347,6 +364,7 @@ def _run_ready(ctx: StepContext, spec: StepSpec):
     return None, None
 
 
+@_logged_as_step
 def _run_wait(ctx: StepContext, spec: StepSpec):
     """Claim the polling lease (held by the chain across its polls, so the sweeper can tell a live
     poller from a lost one, and a second chain stops instead of polling alongside), poll under a
@@ -387,6 +405,7 @@ def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, res
     if marked == "lost" or (marked is None and not step_mark_done(row.id, owner, result)):
         return step_adopt(ctx, spec.name)  # our lease ran out and another execution took the step over
     ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, owner)
+    log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=spec.name)
     return None
 
 

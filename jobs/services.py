@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from config.logs import log_event
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql
 from jobs.errors import IdempotencyConflict, OutputKeyConflict
@@ -121,6 +122,8 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
         )
     if created:
         job_enqueue_on_commit(job)
+        log_event(logger, "job.created", job_id=job.id, run=job.run, model=job.model_chain[0], kind=job.kind,
+                  client_id=client.id)
     return job, created
 
 
@@ -212,6 +215,8 @@ def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, er
         if not ended:
             return False  # another writer ended the job first
         _emit(ended[0], _EVENT_FOR[status])
+        log_event(logger, "job.cancelled" if status == JobStatus.CANCELLED else "job.finished", job_id=job_id,
+                  run=ended[0].run, status=status, error_code=(error or {}).get("code"))
     return True
 
 
@@ -245,6 +250,7 @@ def job_hold(*, job_id: uuid.UUID, run: int, error: dict) -> bool:
         if not held:
             return False  # cancelled, or ended by another writer
         _emit(Job.objects.get(id=job_id), "generation.needs_review")
+        log_event(logger, "job.held", job_id=job_id, run=run, error_code=error.get("code"))
     return True
 
 
@@ -265,6 +271,7 @@ def job_retry(*, job: Job) -> Job | None:
         _keep_uncertain_spend(job.id)
         job = Job.objects.get(id=job.id)
         job_enqueue_on_commit(job)
+        log_event(logger, "job.retried", job_id=job.id, run=job.run)
     return job
 
 

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.db.models.functions import Now
 
+from config.logs import log_event
 from config.sql import update_sql
 from jobs.models import Job, Step, StepStatus
 from jobs.workflow import Later, Stop
@@ -118,12 +119,28 @@ def step_claim(ctx: StepContext, name: str, lease_s: float, *, owner: str | None
         claimed = cursor.fetchone()
     if claimed is not None:
         row = StepRow(claimed[0], name, RUNNING, None, claimed[1], owner, claimed[2])
+        _log_claim(ctx, name, ctx.rows.get(name), row)
         ctx.rows[name] = row
         return "claimed", row
     row = step_reload(ctx, name)
     if row.status == RUNNING:
         return "held", row
     return row.status, row
+
+
+def _log_claim(ctx: StepContext, name: str, before: StepRow | None, row: StepRow) -> None:
+    """A claim that changes hands is an event: the first (step.claimed), or one taken from another holder
+    whose lease ran out (step.taken_over). A holder claiming its own lease again (each poll of a wait, the
+    pass after a back-off) is not."""
+    if row.attempts == 1:
+        event = "step.claimed"
+    elif before is not None and before.lease_owner in ctx.holders():
+        return
+    else:
+        event = "step.taken_over"
+    log_event(logger, event, job_id=ctx.job.id, run=ctx.run, step=name, claims=row.attempts,
+              lease_owner=row.lease_owner,
+              previous_owner=before.lease_owner if before is not None and event == "step.taken_over" else None)
 
 
 def step_attach(ctx: StepContext, name: str) -> tuple[str, StepRow]:
@@ -249,6 +266,7 @@ def step_insert_done(ctx: StepContext, name: str, result) -> bool:
     if inserted is None:
         return False
     ctx.rows[name] = StepRow(inserted[0], name, DONE, result, 1, ctx.owner)
+    log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=name)
     return True
 
 
@@ -278,6 +296,7 @@ def step_insert_done_many(ctx: StepContext, marks: list[tuple[str, object]]) -> 
         return False
     for name, result in marks:
         ctx.rows[name] = StepRow(inserted[name], name, DONE, result, 1, ctx.owner)
+        log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=name)
     return True
 
 
@@ -295,6 +314,7 @@ def step_done_recorded(ctx: StepContext, name: str, result, step_id: int | None)
     if step_id is None:
         return False
     ctx.rows[name] = StepRow(step_id, name, DONE, result, 1, ctx.owner)
+    log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=name)
     return True
 
 

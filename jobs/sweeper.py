@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from config.logs import log_event
+from config.metrics import count
 from jobs import selectors
 from jobs.models import Job, JobStatus
 from jobs.runner import resume_point
@@ -33,8 +35,11 @@ def sweep(limit: int = 500) -> list[tuple]:
         job = Job(id=job_id, run=run, kind=kind)
         stage_index = resume_point(job)
         if stage_index is None:
-            logger.error("job %s run %s is open but every step is done; leaving it to an operator", job_id, run)
+            logger.error("job %s run %s is open but every step is done; leaving it to an operator", job_id, run,
+                         extra={"job_id": job_id, "run": run})
             continue
         logger.info("sweeper: resuming job %s run %s at stage %s", job_id, run, stage_index)
+        log_event(logger, "sweeper.recovered", job_id=job_id, run=run, kind=kind, stage_index=stage_index)
+        count("sweeper_recoveries", what="stuck_job")
         resumed.append((str(job_id), run, kind, stage_index))
     return resumed

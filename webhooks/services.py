@@ -30,6 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
+from config.logs import log_event
 from config.retry import jittered, parse_retry_after
 from config.sql import insert_ignore
 from webhooks import ssrf
@@ -153,7 +154,15 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
         return False
     if not nowhere:
         _enqueue_on_commit(ident, due)
+    else:
+        log_event(logger, "delivery.dead", **_ids(delivery), error=NO_URL)
     return True
+
+
+def _ids(delivery: Delivery) -> dict:
+    """What a delivery's log line names it by. Never its URL (a receiver's may carry a token) nor its
+    envelope."""
+    return {"delivery_id": delivery.id, "job_id": delivery.job_id, "run": delivery.run, "webhook_event": delivery.event}
 
 
 NO_URL = "no webhook URL: the job names none and the client has no endpoint URL"
@@ -277,7 +286,12 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
                 outcomes.append(_again_or_dead(delivery, status=answer.status if answer else None,
                                                error=error or f"HTTP {answer.status}", retry_after=retry_after))
     DeliveryAttempt.objects.bulk_create(tries)
+    for tried in tries:
+        log_event(logger, "delivery.tried", **_ids(tried.delivery), **{"try": tried.number},
+                  status_code=tried.status_code, duration_ms=tried.duration_ms, error=tried.error[:300] or None)
     _mark_delivered(delivered)
+    for delivery, code in delivered:
+        log_event(logger, "delivery.delivered", **_ids(delivery), **{"try": delivery.attempts}, status_code=code)
     _release(untried)
     return outcomes
 
@@ -342,7 +356,9 @@ def _again_or_dead(delivery: Delivery, *, status, error: str, retry_after: float
     schedule = settings.WEBHOOK_RETRY_SCHEDULE
     position = delivery.schedule_position  # tries so far since creation or the last replay
     if position > len(schedule):
-        _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=status, last_error=error[:2000])
+        if _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=status, last_error=error[:2000]):
+            log_event(logger, "delivery.dead", **_ids(delivery), **{"try": delivery.attempts}, status_code=status,
+                      error=error[:300])
         return "dead"
     if retry_after is not None:
         delay = min(max(retry_after, RETRY_AFTER_BOUNDS_S[0]), RETRY_AFTER_BOUNDS_S[1])
@@ -357,7 +373,9 @@ def _gone(delivery: Delivery, endpoint: Endpoint | None) -> str:
     """410 Gone: the receiver wants nothing more. A client endpoint is disabled and its rows wait for an
     operator; a job's own webhook_url ends that row (dead, replayable)."""
     if delivery.url or endpoint is None:
-        _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=410, last_error="410 Gone")
+        if _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=410, last_error="410 Gone"):
+            log_event(logger, "delivery.dead", **_ids(delivery), **{"try": delivery.attempts}, status_code=410,
+                      error="410 Gone")
         return "dead"
     with transaction.atomic():
         Endpoint.objects.filter(id=endpoint.id, disabled_at__isnull=True).update(
@@ -369,7 +387,8 @@ def _gone(delivery: Delivery, endpoint: Endpoint | None) -> str:
 
 
 def _dead(delivery: Delivery, error: str) -> None:
-    _mine(delivery).update(status=DeliveryStatus.DEAD, last_error=error)
+    if _mine(delivery).update(status=DeliveryStatus.DEAD, last_error=error):
+        log_event(logger, "delivery.dead", **_ids(delivery), **{"try": delivery.attempts}, error=error[:300])
 
 
 # --- dead letters ------------------------------------------------------------------------------------
@@ -385,6 +404,7 @@ def delivery_replay(*, delivery: Delivery) -> None:
             status=DeliveryStatus.PENDING, schedule_position=0, next_attempt_at=due, last_error=""
         )
         _enqueue_on_commit(delivery.id, due)
+        log_event(logger, "delivery.replayed", **_ids(delivery))
 
 
 def deliveries_replay(*, dead_only: bool = False, since: datetime | None = None, ids=None) -> int:

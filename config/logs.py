@@ -1,0 +1,332 @@
+"""payonce's logs: one JSON object per line, each event carrying the ids it is about (job_id, step,
+attempt, upstream_key, delivery_id, run, model), and no key, secret or password ever written.
+
+- `JsonFormatter` (LOG_FORMAT=json, the default) and `PlainFormatter` (LOG_FORMAT=plain, a developer's
+  terminal) render a record and its fields; `formatter()` picks one by LOG_FORMAT.
+- `ContextFilter` adds the fields of the code a record was logged in: `log_context(job_id=..., step=...)`
+  sets them for a block, and each Celery task runs with its own arguments of those names
+  (config.celery), so code inside a step logs them without passing them around.
+- `RedactFilter` replaces secrets in the message, its arguments, the extra fields and the exception text
+  with `[redacted]`, before any formatter sees the record.
+- `log_event(logger, "job.finished", ...)` logs an event once the state change it reports has committed.
+
+Settings' LOGGING (Django, and through it Celery's worker and beat) and config/uvicorn-log.json (the web
+process's own lines) put both filters on their one handler.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timezone
+from decimal import Decimal
+from enum import Enum
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+from uuid import UUID
+
+# The ids an event line carries when they apply, in this order after the record's own keys.
+FIELDS = ("job_id", "run", "step", "attempt", "upstream_key", "model", "delivery_id")
+
+REDACTED = "[redacted]"
+
+# What a LogRecord holds of its own: everything else on a record came from `extra=` (or a filter).
+_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+# Extra fields other libraries attach that a line leaves out: Celery's `data` (the message's arguments
+# again, traceback included), Django's `request` (the whole request object, headers and all), uvicorn's
+# `color_message` (the message with terminal colours).
+_LEFT_OUT = frozenset({"data", "request", "color_message"})
+
+_CONTEXT: ContextVar[dict] = ContextVar("payonce_log_context", default={})
+
+
+# --- context ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def log_context(**fields):
+    """Every record logged inside the block (in this thread or task) carries these fields, unless the
+    call's own `extra=` names them. Nested blocks add to the outer one's fields."""
+    token = _CONTEXT.set({**_CONTEXT.get(), **{name: value for name, value in fields.items() if value is not None}})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def context_fields() -> dict:
+    return dict(_CONTEXT.get())
+
+
+_TASK_PARAMETERS: dict[str, tuple[str, ...]] = {}
+
+
+def task_context_start(task, args, kwargs) -> None:
+    """A Celery task starts (task_prerun): its arguments named like a field (job_id, run, delivery_id...)
+    are the context of every line it logs. Set, not stacked: a task's thread runs one task at a time, and
+    the next task's start replaces whatever the last one left."""
+    names = _TASK_PARAMETERS.get(task.name)
+    if names is None:
+        try:
+            names = tuple(inspect.signature(task.run).parameters)
+        except (TypeError, ValueError):
+            names = ()
+        _TASK_PARAMETERS[task.name] = names
+    fields = {name: value for name, value in zip(names, args or ()) if name in FIELDS}
+    fields.update({name: value for name, value in (kwargs or {}).items() if name in FIELDS})
+    _CONTEXT.set({name: value for name, value in fields.items() if value is not None})
+
+
+def task_context_end() -> None:
+    """A Celery task ended (task_postrun): its thread logs without its fields again."""
+    _CONTEXT.set({})
+
+
+def log_event(logger: logging.Logger, event: str, **fields) -> None:
+    """Log `event` (INFO) with `fields` once the transaction in progress commits, at once outside one: a
+    state change that is rolled back (a race lost, a group of steps undone) never shows in the logs. The
+    context is taken now, where the change was made."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    from django.db import transaction
+
+    extra = {**_CONTEXT.get(), **{name: value for name, value in fields.items() if value is not None}}
+    # The record is made here, so it names the caller's line and the moment of the change, and handled
+    # (filtered, formatted, written) on commit.
+    path, line, function, _ = logger.findCaller(False, 2)
+    record = logger.makeRecord(logger.name, logging.INFO, path, line, event, (), None, function, extra)
+    transaction.on_commit(lambda: logger.handle(record))
+
+
+class ContextFilter(logging.Filter):
+    """Adds the context's fields (log_context, the running task's arguments) to a record that does not
+    name them itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _CONTEXT.get().items():
+            if name not in record.__dict__:
+                setattr(record, name, value)
+        return True
+
+
+# --- redaction -------------------------------------------------------------------------------------------
+
+# Secrets found by their shape, wherever they appear. Each keeps what says what it was. A shape is looked
+# for only in a text that holds one of its needles (lower-cased), a cheap test most texts (ids, event
+# names) fail: the filter runs on every record.
+_SHAPES = (
+    # `Authorization: Bearer <token>` (a client's API key, a provider's key), in a header or its repr.
+    (("bearer",), re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/-]+=*"), r"\1" + REDACTED),
+    # A client's API key (djangorestframework-api-key: an 8-character prefix, a dot, a 32-character secret).
+    ((".",), re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}(?![A-Za-z0-9])"), REDACTED),
+    # Standard Webhooks signing secrets: every client's, the sandbox's callback secret, Replicate's.
+    (("whsec_",), re.compile(r"\bwhsec_[A-Za-z0-9+/=]+"), REDACTED),
+    # Provider key formats: OpenAI and Anthropic (sk-...), Replicate (r8_...).
+    (("sk-",), re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),
+    (("r8_",), re.compile(r"\br8_[A-Za-z0-9]{16,}"), REDACTED),
+    # A password inside a URL (postgres://user:password@host, redis://:password@host, smtp://...).
+    (("@",), re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@]*:)[^\s/?#@]+@"), r"\1" + REDACTED + "@"),
+    # A key in a header's or a query's words: `x-api-key: ...`, `?api_key=...`, `"password": "..."`.
+    (("key", "token", "secret", "password"),
+     re.compile(r"(?i)(?<![a-z])((?:x-api-key|api[_-]?key|access[_-]?token|secret|password)[\"']?\s*[:=]\s*[\"']?)"
+                r"(?!\[redacted\])[^\s\"'&,;}]+"), r"\1" + REDACTED),
+)
+
+# Secret values read from the environment once, at start: provider keys and tokens, the secrets of
+# this deployment, and the password of every URL setting. A value shorter than this is not searched for
+# in free text (it would redact ordinary words); inside a URL it is still found by its place.
+_SHORTEST_SECRET = 8
+
+
+def _is_secret_name(name: str) -> bool:
+    name = name.upper()
+    return (name.endswith(("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY")) or "PASSWORD" in name
+            or name in ("SECRET_KEY", "AWS_SECRET_ACCESS_KEY"))
+
+
+def secrets_from_environ(environ) -> set[str]:
+    """The secret values of an environment: variables named like a secret (…_API_KEY, …_TOKEN, …_SECRET,
+    …PASSWORD…, AWS_SECRET_ACCESS_KEY, SECRET_KEY), and the password inside any URL setting
+    (DATABASE_URL, BROKER_URL, EMAIL_URL, CACHE_URL, ...)."""
+    found = set()
+    for name, value in environ.items():
+        if not value:
+            continue
+        if _is_secret_name(name):
+            found.add(value)
+        if "://" in value:
+            try:
+                password = urlsplit(value).password
+            except ValueError:
+                password = None
+            if password:
+                found.update({password, unquote(password)})
+    return {value for value in found if len(value) >= _SHORTEST_SECRET}
+
+
+class Redactor:
+    def __init__(self, secrets=()):
+        literal = sorted(set(secrets), key=len, reverse=True)  # the longest first: one may contain another
+        self._literal = re.compile("|".join(map(re.escape, literal))) if literal else None
+
+    def text(self, value: str) -> str:
+        if self._literal is not None:
+            value = self._literal.sub(REDACTED, value)
+        lowered = value.lower()
+        for needles, pattern, replacement in _SHAPES:
+            if any(needle in lowered for needle in needles):
+                value = pattern.sub(replacement, value)
+        return value
+
+    def value(self, value):
+        """A field's value with its strings redacted (inside lists and dicts too); other values as they are."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {key: self.value(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.value(item) for item in value]
+        return value
+
+
+class RedactFilter(logging.Filter):
+    """Replaces every secret in a record with `[redacted]`: the message with its arguments (merged into
+    one string, so a secret passed as an argument is found too), the extra fields, the exception's text
+    and the stack. On the handler, so every record it writes passes here, whichever logger it came from."""
+
+    def __init__(self, name: str = "", environ=None):
+        super().__init__(name)
+        self.redactor = Redactor(secrets_from_environ(os.environ if environ is None else environ))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        redact = self.redactor
+        try:
+            message = record.getMessage()
+        except Exception:  # arguments that do not fit the message: keep both, as text
+            message = f"{record.msg} {record.args!r}"
+        record.msg, record.args = redact.text(message), ()
+        for name, value in list(record.__dict__.items()):
+            if name not in _RECORD_ATTRIBUTES and not name.startswith("_"):
+                record.__dict__[name] = redact.value(value)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact.text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact.text(record.stack_info)
+        return True
+
+
+# --- formatting ------------------------------------------------------------------------------------------
+
+
+_PROCESS: list = []
+
+
+def process_name() -> str | None:
+    """Which payonce process this is (web, worker, webhooks, beat, or a manage.py command), from
+    PAYONCE_PROCESS or the command line the Procfile runs; None when it cannot tell (a test, a shell)."""
+    if not _PROCESS:
+        _PROCESS.append(os.environ.get("PAYONCE_PROCESS") or _process_from_argv(sys.argv))
+    return _PROCESS[0]
+
+
+def _process_from_argv(argv: list[str]) -> str | None:
+    program = Path(argv[0]).name if argv else ""
+    if program == "uvicorn" or "uvicorn" in argv[1:2]:
+        return "web"
+    if program == "celery" or "celery" in argv[1:3]:
+        if "beat" in argv:
+            return "beat"
+        if "worker" in argv:
+            queues = {argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("-Q", "--queues")}
+            return "webhooks" if any("webhooks" in queue for queue in queues) else "worker"
+        return None
+    if program == "manage.py" and len(argv) > 1:
+        return f"manage.py {argv[1]}"
+    return None
+
+
+def _fields(record: logging.LogRecord) -> dict:
+    """The record's fields: the ids first (FIELDS), then any other extra field."""
+    found = {name: record.__dict__[name] for name in FIELDS if record.__dict__.get(name) is not None}
+    for name, value in record.__dict__.items():
+        if name not in _RECORD_ATTRIBUTES and name not in _LEFT_OUT and name not in found and not name.startswith("_"):
+            found[name] = value
+    return found
+
+
+def _json_value(value):
+    """What json.dumps cannot write: ids, amounts and times as text; any other object by its type only
+    (its repr might hold what it was given)."""
+    if isinstance(value, (UUID, Decimal, datetime, Path)):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return f"<{type(value).__name__}>"
+
+
+def _iso(created: float) -> str:
+    return datetime.fromtimestamp(created, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ts (ISO 8601, UTC), level, logger, event (the message),
+    process, pid, the ids of FIELDS that apply, any other extra field, and an exception as `exc` (its
+    traceback, newlines escaped) with `exc_type`. ASCII only, so no reader splits a line in two."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": _iso(record.created), "level": record.levelname, "logger": record.name,
+                "event": record.getMessage()}
+        process = process_name()
+        if process:
+            line["process"] = process
+        line["pid"] = record.process
+        for name, value in _fields(record).items():
+            line.setdefault(name, value)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            if record.exc_info and record.exc_info[0] is not None:
+                line["exc_type"] = record.exc_info[0].__name__
+            line["exc"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        try:
+            return json.dumps(line, default=_json_value, separators=(",", ":"))
+        except (TypeError, ValueError):  # a field that refers to itself, keys that are not text, ...
+            return json.dumps({key: value if isinstance(value, (str, int, float, bool)) else _json_value(value)
+                               for key, value in line.items()}, separators=(",", ":"))
+
+
+class PlainFormatter(logging.Formatter):
+    """The developer's format: `time LEVEL logger message key=value ...`, the traceback below it."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{name}={value}" for name, value in _fields(record).items())
+        text = super().formatMessage(record)
+        return f"{text} {fields}" if fields else text
+
+
+def formatter(name: str | None = None) -> logging.Formatter:
+    """The formatter LOG_FORMAT names: `json` (the default) or `plain`. A factory for dictConfig ("()"),
+    so config/uvicorn-log.json follows LOG_FORMAT too."""
+    name = (name if name is not None else os.environ.get("LOG_FORMAT", "json")).strip().lower() or "json"
+    if name == "json":
+        return JsonFormatter()
+    if name == "plain":
+        return PlainFormatter()
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"LOG_FORMAT={name!r}: expected json or plain")
