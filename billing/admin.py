@@ -1,12 +1,45 @@
-"""The rate card's overrides, spend per client per month, and every reservation, in the Django admin."""
+"""The rate card's overrides, spend per client per month, and every reservation, in the Django admin; the
+spend page (per client and per product for a month, and the last 12 months as a server-rendered SVG
+chart); orders with what each cost and their re-run, through the operators' one confirmation
+(jobs.adminkit) and audit row (jobs.operations)."""
 
+import uuid
+from datetime import date, timedelta
 from decimal import Decimal
+from urllib.parse import urlencode
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
 
 from billing import rates
 from billing.models import BudgetMonth, ModelPrice, Order, Reservation
-from billing.selectors import cap_of, month_totals
+from billing.selectors import (
+    budget_totals,
+    cap_of,
+    clients_month_spend,
+    money,
+    month_totals,
+    orders_by_product,
+    orders_with_cost,
+    spend_by_month,
+)
+from billing.services import month_of, next_month
+from jobs import adminkit, operations
+from jobs.models import Client, Job, OperatorActionKind
+from jobs.operations import OperationRefused, month_range
+
+# The admin index links the spend page and the dead letters (admin/billing/index.html). Django's own
+# index template comes first in the app template search (contrib.admin is the first app), so the link
+# needs the site's index_template; a site that set one of its own keeps it.
+if admin.site.index_template is None:
+    admin.site.index_template = "admin/billing/index.html"
 
 
 @admin.register(ModelPrice)
@@ -32,16 +65,101 @@ class ReservationInline(admin.TabularInline):
         return False
 
 
+# --- the spend chart: the last 12 months as inline SVG, drawn on the server -------------------------------
+
+CHART_WIDTH, CHART_HEIGHT = 720, 240
+CHART_TOP, CHART_BOTTOM, CHART_SIDE = 30, 36, 8  # room for the amounts above the bars, the months below
+
+
+def short_money(value: Decimal) -> str:
+    """A bar's label: cents from $1 on; below, the micro-dollars that matter (a sandbox render is $0.40,
+    a short chapter $0.003126), never rounded to a misleading $0.00."""
+    if value >= 1:
+        return f"${value:,.2f}"
+    if value == 0:
+        return "$0"
+    return "$" + str(value.quantize(Decimal("0.000001"))).rstrip("0").ljust(4, "0")
+
+
+def spend_chart_svg(points: list[tuple[date, Decimal]], *, cap: Decimal | None = None) -> str:
+    """The spend chart's SVG markup: one bar per (month, spent), its height in proportion to the highest
+    bar (or to the cap, drawn as a line, when one client's cap is given), labelled with its month and
+    amount. Pixels are floats; the amounts they stand for stay Decimal."""
+    plot_height = CHART_HEIGHT - CHART_TOP - CHART_BOTTOM
+    slot = (CHART_WIDTH - 2 * CHART_SIDE) / max(len(points), 1)
+    peak = max([spent for _, spent in points] + ([cap] if cap else []) + [Decimal(0)])
+    baseline = CHART_TOP + plot_height
+
+    def height(amount: Decimal) -> float:
+        return float(amount / peak) * plot_height if peak else 0.0
+
+    bars = []
+    for index, (month, spent) in enumerate(points):
+        bar_height = height(spent)
+        left = CHART_SIDE + index * slot
+        bars.append({
+            "month": f"{month:%Y-%m}", "spent": money(spent), "label": short_money(spent),
+            "x": _px(left + slot * 0.15), "width": _px(slot * 0.7), "center": _px(left + slot / 2),
+            "y": _px(baseline - bar_height), "height": _px(bar_height), "label_y": _px(baseline - bar_height - 6),
+        })
+    cap_line = None
+    if cap:
+        cap_y = baseline - height(cap)
+        cap_line = {"y": _px(cap_y), "label_y": _px(cap_y - 4), "amount": money(cap), "label": short_money(cap)}
+    return render_to_string("admin/billing/spend_chart.svg", {
+        "bars": bars, "cap": cap_line, "width": CHART_WIDTH, "height": CHART_HEIGHT, "baseline": baseline,
+        "month_y": baseline + 16, "right": CHART_WIDTH - CHART_SIDE, "side": CHART_SIDE,
+    })
+
+
+def _px(value: float) -> str:
+    """A coordinate as SVG wants it, whatever the locale would do to a float in a template."""
+    return f"{value:.2f}"
+
+
+# --- spend per client month ---------------------------------------------------------------------------------
+
+
+def _month_param(raw: str | None) -> str:
+    """?month=YYYY-MM, default the current UTC month; a malformed one is OperationRefused."""
+    if not raw:
+        return f"{month_of(timezone.now()):%Y-%m}"
+    first, _ = month_range(raw)
+    if first.year < 2000:
+        raise OperationRefused("month must be 2000-01 or later")  # as GET /v1/spend takes them
+    return raw
+
+
+def _previous_month(month: date) -> date:
+    return (month.replace(day=1) - timedelta(days=1)).replace(day=1)
+
+
 @admin.register(BudgetMonth)
 class BudgetMonthAdmin(admin.ModelAdmin):
-    """Spend per client per month: spent, reserved, the cap and the headroom under it."""
+    """Spend per client per month: spent, reserved, unpriced attempts, the cap and the headroom under it;
+    and the spend page (spend_view)."""
 
-    list_display = ("client", "month", "spent_now", "reserved_now", "cap", "headroom")
+    list_display = ("client", "month", "spent_now", "reserved_now", "unpriced_attempts", "cap", "headroom")
     list_filter = ("month",)
     search_fields = ("client__name", "client__id")
     list_select_related = ("client",)
     readonly_fields = ("client", "month", "spent", "reserved")
     inlines = [ReservationInline]
+    change_list_template = "admin/billing/budgetmonth/change_list.html"
+
+    def get_changelist_instance(self, request):
+        """The page's figures in one statement (billing.selectors.budget_totals), not two per row."""
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)
+        totals = budget_totals(ids=[row.id for row in rows])
+        for row in rows:
+            row.totals = totals.get(row.id)
+        return changelist
+
+    def _totals(self, row) -> tuple[Decimal, Decimal, int | None]:
+        if getattr(row, "totals", None) is not None:
+            return row.totals.spent, row.totals.reserved, row.totals.unpriced_attempts
+        return (*month_totals(row), None)
 
     @admin.display(description="cap")
     def cap(self, row):
@@ -49,15 +167,20 @@ class BudgetMonthAdmin(admin.ModelAdmin):
 
     @admin.display(description="spent")
     def spent_now(self, row):
-        return month_totals(row)[0]
+        return self._totals(row)[0]
 
     @admin.display(description="reserved")
     def reserved_now(self, row):
-        return month_totals(row)[1]
+        return self._totals(row)[1]
+
+    @admin.display(description="unpriced attempts")
+    def unpriced_attempts(self, row):
+        unpriced = self._totals(row)[2]
+        return "—" if unpriced is None else unpriced
 
     @admin.display(description="headroom")
     def headroom(self, row):
-        spent, reserved = month_totals(row)
+        spent, reserved, _ = self._totals(row)
         return max(cap_of(row.client) - spent - reserved, Decimal(0))
 
     def has_add_permission(self, request):
@@ -65,6 +188,81 @@ class BudgetMonthAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # money moves only through the guard
+
+    # --- the spend page -----------------------------------------------------------------------------------
+
+    def spend_view(self, request):
+        """/admin/billing/spend/ (_with_spend_page): ?month=YYYY-MM (default: this UTC month), ?client=<id>
+        (default: every client)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            month_text = _month_param(request.GET.get("month"))
+        except OperationRefused as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            month_text = _month_param(None)
+        first, after = month_range(month_text)
+        month = first.date()
+        client = _client_param(self, request)
+
+        spend = clients_month_spend(month, client=client)
+        jobs_list = reverse("admin:jobs_job_changelist")
+        for row in spend:
+            row["usd"] = {name: money(row[name]) for name in ("spent", "reserved", "cap", "headroom")}
+            row["jobs_url"] = f"{jobs_list}?{urlencode({'client__id__exact': row['client'].id, 'month': month_text})}"
+            row["spend_url"] = "?" + urlencode({"month": month_text, "client": row["client"].id})
+        products = orders_by_product(first, after, client_id=client.id if client else None)
+        orders_list = reverse("admin:billing_order_changelist")
+        for row in products:
+            query = {"product__exact": row["product"], "created_at__year": month.year, "created_at__month": month.month}
+            if client is not None:
+                query["client__id__exact"] = client.id
+            row["orders_url"] = f"{orders_list}?{urlencode(query)}"
+            row["cost_usd"] = money(row["cost"])
+        chart = spend_chart_svg(spend_by_month(month, client_id=client.id if client else None),
+                                cap=cap_of(client) if client else None)
+        keep_client = {"client": client.id} if client else {}
+        return TemplateResponse(request, "admin/billing/spend.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta,
+            "title": f"Spend in {month_text}" + (f": {client.name}" if client else ""),
+            "month": month_text, "client": client, "spend": spend, "products": products, "chart": chart,
+            "totals": {
+                "spent": money(sum((row["spent"] for row in spend), Decimal(0))),
+                "reserved": money(sum((row["reserved"] for row in spend), Decimal(0))),
+                "unpriced_attempts": sum(row["unpriced_attempts"] for row in spend),
+            },
+            "previous_url": "?" + urlencode({"month": f"{_previous_month(month):%Y-%m}", **keep_client}),
+            "next_url": "?" + urlencode({"month": f"{next_month(month):%Y-%m}", **keep_client}),
+            "all_clients_url": "?" + urlencode({"month": month_text}),
+            "clients": Client.objects.order_by("name", "id").only("id", "name"),
+        })
+
+
+def _with_spend_page(site_urls):
+    """The site's URLs with the spend page at the billing app's own address, /admin/billing/spend/ (a
+    ModelAdmin's own URLs all sit under its model's, /admin/billing/budgetmonth/...)."""
+
+    def get_urls():
+        spend = admin.site.admin_view(admin.site._registry[BudgetMonth].spend_view)
+        return [path("billing/spend/", spend, name="billing_spend"), *site_urls()]
+
+    return get_urls
+
+
+admin.site.get_urls = _with_spend_page(admin.site.get_urls)
+
+
+def _client_param(model_admin, request) -> Client | None:
+    raw = request.GET.get("client") or ""
+    if not raw:
+        return None
+    try:
+        client = Client.objects.filter(id=uuid.UUID(raw)).first()
+    except ValueError:
+        client = None
+    if client is None:
+        model_admin.message_user(request, f"No client has the id {raw!r}: showing every client.", messages.ERROR)
+    return client
 
 
 @admin.register(Reservation)
@@ -81,25 +279,27 @@ class ReservationAdmin(admin.ModelAdmin):
         return False
 
 
+# --- orders -----------------------------------------------------------------------------------------------
+
+
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
-    """Orders with what each cost (its report job's attempts; unpriced ones counted) beside a re-run
-    action that asks for a confirmation that it pays again."""
+    """Orders with what each cost (its report job's attempts; unpriced ones counted, all in the list's own
+    statement) beside a re-run, over the selection or from one order's page: the shared confirmation
+    (what it may reserve, that it pays again, a required reason) and an audit row (jobs.operations)."""
 
     list_display = ("payment_id", "client", "product", "run_id", "status", "job_status", "cost_usd",
                     "unpriced_attempts", "created_at")
     list_filter = ("status", "product")
     search_fields = ("payment_id", "run_id", "id", "job__id")
     list_select_related = ("client", "job")
-    readonly_fields = [f.name for f in Order._meta.fields]
+    date_hierarchy = "created_at"  # the spend page links each product's orders of a month
+    readonly_fields = [f.name for f in Order._meta.fields] + ["cost_usd", "unpriced_attempts"]
     actions = ["rerun"]
+    change_form_template = "admin/billing/order/change_form.html"
 
-    def _cost(self, order) -> dict:
-        from executor.selectors import attempts_for, public_attempts
-
-        if not order.job_id:
-            return {"total_usd": None, "unpriced_attempts": 0}
-        return public_attempts(attempts_for([order.job_id]).get(order.job_id, []))[1]
+    def get_queryset(self, request):
+        return orders_with_cost(super().get_queryset(request))
 
     @admin.display(description="job")
     def job_status(self, order):
@@ -107,34 +307,75 @@ class OrderAdmin(admin.ModelAdmin):
 
     @admin.display(description="cost (USD)")
     def cost_usd(self, order):
-        return self._cost(order)["total_usd"] or "—"
+        return money(order.cost_total) if order.job_id else "—"
 
     @admin.display(description="unpriced")
     def unpriced_attempts(self, order):
-        return self._cost(order)["unpriced_attempts"]
+        return order.cost_unpriced or 0
 
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Re-run the report (pays again)")
+    def get_urls(self):
+        own = [path("<uuid:order_id>/rerun/", self.admin_site.admin_view(self.rerun_view), name="billing_order_rerun")]
+        return own + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        order = Order.objects.select_related("job").filter(pk=object_id).first() if _is_uuid(object_id) else None
+        rerun_url = ""
+        if order is not None and order.job_id and order.job.status in operations.RETRYABLE:
+            rerun_url = reverse("admin:billing_order_rerun", args=[order.id])
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "rerun_url": rerun_url})
+
+    def rerun_view(self, request, order_id):
+        """One order's re-run: the confirmation, then the re-run once a reason is given."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        order = Order.objects.filter(id=order_id).first()
+        if order is None:
+            raise Http404("No such order.")
+        back = reverse("admin:billing_order_change", args=[order.id])
+        return self._confirm_and_rerun(request, Job.objects.filter(id=order.job_id),
+                                       f"order {order.id} (payment {order.payment_id})", hidden=[], back=back)
+
+    @admin.action(description="Re-run the reports (pays again)…")
     def rerun(self, request, queryset):
-        from django.contrib import messages
-        from django.template.response import TemplateResponse
+        across = request.POST.get("select_across") == "1"
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        target = (f"orders matching {_describe(request.GET) or 'every order'}" if across
+                  else f"orders: ids={len(selected)} selected")
+        hidden = [("action", "rerun"), ("select_across", "1" if across else "0"), ("index", "0")]
+        hidden += [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
+        jobs = Job.objects.filter(id__in=queryset.order_by().exclude(job=None).values("job_id"))
+        return self._confirm_and_rerun(request, jobs, target, hidden=hidden, back=request.get_full_path())
 
-        from jobs.models import JobStatus
-        from jobs.services import job_retry
+    def _confirm_and_rerun(self, request, jobs, target, *, hidden, back):
+        """jobs.operations.jobs_act(action="rerun") over the orders' report jobs: only failed or waiting
+        ones start a new run, whose chapters already written are read back, never paid for again."""
+        error = ""
+        if adminkit.confirmed(request):
+            entry, error = adminkit.act_or_refuse(request, lambda: operations.jobs_act(
+                action=OperatorActionKind.RERUN, jobs=jobs, target=target, who=request.user.get_username(),
+                via="admin", reason=request.POST.get("reason", "")))
+            if entry is not None:
+                adminkit.acted_message(self, request, entry)
+                return redirect(back)
+        preview = operations.preview_jobs(action=OperatorActionKind.RERUN, jobs=jobs, target=target)
+        return adminkit.confirm_page(
+            request, self.admin_site, title="Re-run reports", verb="re-run", preview=preview, hidden=hidden,
+            back_url=back, back_label="Orders", pays_again=True, reason_error=error,
+            skipped_why="only failed or waiting reports are re-run; a duplicate order has no report of its own")
 
-        orders = list(queryset.select_related("job"))
-        runnable = [o for o in orders if o.job_id and o.job.status in (JobStatus.FAILED, JobStatus.WAITING)]
-        if request.POST.get("confirm") != "yes":
-            return TemplateResponse(request, "admin/billing/order/rerun_confirm.html", {
-                **self.admin_site.each_context(request), "title": "Re-run reports: this pays again",
-                "orders": orders, "runnable": runnable, "action": "rerun",
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME, "opts": self.model._meta,
-            })
-        rerun = sum(1 for order in runnable if job_retry(job=order.job) is not None)
-        skipped = len(orders) - rerun
-        self.message_user(request, f"{rerun} report(s) re-run: their missing chapters are paid for again."
-                          + (f" {skipped} skipped (only failed or waiting reports can be re-run)." if skipped else ""),
-                          messages.SUCCESS if rerun else messages.WARNING)
-        return None
+
+def _describe(params) -> str:
+    """The list's filter as the audit row keeps it (status=paid, product=natal-chart ...)."""
+    return ", ".join(f"{name.removesuffix('__exact')}={value}" for name, value in params.items()
+                     if name not in ("o", "p", "_changelist_filters"))
+
+
+def _is_uuid(value) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True

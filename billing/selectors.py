@@ -1,12 +1,13 @@
 """Reads of what was spent: a client's month as GET /v1/spend and the admin show it."""
 
-from datetime import date, datetime, time, timezone as dt_timezone
+from datetime import date, datetime, time, timedelta, timezone as dt_timezone
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection
 
-from billing.models import BudgetMonth, ReservationKind, ReservationState
+from billing.models import BudgetMonth, OrderStatus, ReservationKind, ReservationState
 from billing.services import next_month
 from executor.models import AttemptState
 
@@ -77,3 +78,148 @@ def month_spend(client, month: date) -> dict:
         "unpriced_attempts": sum(row["unpriced_attempts"] for row in by_model),
         "by_model": by_model,
     }
+
+
+# --- the admin's spend page: many client months, and orders by product, each in one statement ------------
+
+# The budget months the WHERE picks, each as month_totals and month_spend read it: the counters plus the
+# reservations not folded yet (found by the partial index reservation_unfolded).
+_TOTALS_SQL = f"""
+WITH months AS (SELECT id, month, spent, reserved FROM billing_budgetmonth WHERE {{where}}),
+unfolded AS (
+    SELECT r.budget_id, sum(coalesce(r.spent, 0)) AS spent, sum(r.amount) AS amount
+      FROM billing_reservation r
+     WHERE r.budget_id IN (SELECT id FROM months) AND NOT r.folded AND r.state <> '{ReservationState.HELD}'
+     GROUP BY r.budget_id){{unpriced_cte}}
+SELECT m.id, m.month, m.spent + coalesce(u.spent, 0), m.reserved - coalesce(u.amount, 0), {{unpriced}}
+  FROM months m LEFT JOIN unfolded u ON u.budget_id = m.id{{unpriced_join}}
+"""
+
+# ... and month_spend's count of attempts nobody could price, for all those months in one scan of their
+# reservations (not one scan per month). A reservation held for an uncertain attempt finds it through its
+# own job's index (attempt_job_number): its key is that job's upstream key, payonce-{job}-{n}.
+_UNPRICED_CTE = f""",
+unpriced AS (
+    SELECT r.budget_id, count(*) AS attempts
+      FROM billing_reservation r
+     WHERE r.budget_id IN (SELECT id FROM months) AND r.kind = '{ReservationKind.ATTEMPT}'
+       AND ((r.state = '{ReservationState.SETTLED}' AND r.unpriced)
+            OR (r.state = '{ReservationState.HELD}' AND EXISTS (
+                SELECT 1 FROM executor_attempt a
+                 WHERE a.job_id = r.job_id AND a.upstream_key = r.key AND a.state = '{AttemptState.UNCERTAIN}')))
+     GROUP BY r.budget_id)"""
+
+
+class MonthTotals(NamedTuple):
+    month: date
+    spent: Decimal
+    reserved: Decimal
+    unpriced_attempts: int
+
+
+def budget_totals(*, ids=None, months: tuple[date, date] | None = None, client_id=None,
+                  unpriced: bool = True) -> dict:
+    """{budget month id: MonthTotals} as they are now (the figures month_totals and month_spend give one
+    month at a time) for many months in one statement: the rows `ids`, or every month from months[0]
+    through months[1], optionally of one client. Without `unpriced` (a chart needs only what was spent)
+    the count is 0 and the months' settled reservations are not read at all."""
+    where, params = [], []
+    if ids is not None:
+        where.append("id = ANY(%s)")
+        params.append(list(ids))
+    if months is not None:
+        where.append("month BETWEEN %s AND %s")
+        params.extend(months)
+    if client_id is not None:
+        where.append("client_id = %s")
+        params.append(client_id)
+    sql = _TOTALS_SQL.format(
+        where=" AND ".join(where) or "true",
+        unpriced_cte=_UNPRICED_CTE if unpriced else "",
+        unpriced="coalesce(p.attempts, 0)" if unpriced else "0",
+        unpriced_join=" LEFT JOIN unpriced p ON p.budget_id = m.id" if unpriced else "",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {row[0]: MonthTotals(*row[1:]) for row in cursor.fetchall()}
+
+
+def clients_month_spend(month: date, *, client=None) -> list[dict]:
+    """Every client with spend in `month` (or only `client`, spend or not), each as GET /v1/spend gives
+    it: cap, spent, reserved, headroom, unpriced attempts (Decimals; `money` writes them as the API
+    does). Two statements whatever the number of clients."""
+    rows = BudgetMonth.objects.filter(month=month).select_related("client").order_by("client__name", "client_id")
+    if client is not None:
+        rows = rows.filter(client_id=client.id)
+    rows = list(rows)
+    if not rows and client is not None:
+        rows = [BudgetMonth(client=client, month=month)]  # nothing reserved yet: all zeros, the whole cap free
+    totals = budget_totals(ids=[row.id for row in rows if row.id is not None])
+    nothing = MonthTotals(month, Decimal(0), Decimal(0), 0)
+    spend = []
+    for row in rows:
+        figures = totals.get(row.id, nothing)
+        cap = cap_of(row.client)
+        spend.append({"client": row.client, "cap": cap, "spent": figures.spent, "reserved": figures.reserved,
+                      "headroom": max(cap - figures.spent - figures.reserved, Decimal(0)),
+                      "unpriced_attempts": figures.unpriced_attempts})
+    return spend
+
+
+def spend_by_month(last: date, *, count: int = 12, client_id=None) -> list[tuple[date, Decimal]]:
+    """What was spent in each of the `count` months through `last` (every client's, or one's), oldest
+    first, a month without spend as 0: the spend page's chart."""
+    months = [last]
+    while len(months) < count:
+        months.insert(0, (months[0] - timedelta(days=1)).replace(day=1))
+    spent = dict.fromkeys(months, Decimal(0))
+    for figures in budget_totals(months=(months[0], last), client_id=client_id, unpriced=False).values():
+        spent[figures.month] += figures.spent
+    return list(spent.items())
+
+
+# A job's attempts that may have been paid and that nobody could price: what public_attempts counts as
+# unpriced (executor.selectors).
+_UNPRICED_ATTEMPT = (f"a.cost_usd IS NULL AND (a.accepted_at IS NOT NULL"
+                     f" OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))")
+
+_BY_PRODUCT_SQL = f"""
+SELECT o.product, count(*), count(*) FILTER (WHERE o.status = '{OrderStatus.PAID}'),
+       count(*) FILTER (WHERE o.status = '{OrderStatus.DUPLICATE}'),
+       coalesce(sum(cost.total), 0), coalesce(sum(cost.unpriced), 0)
+  FROM billing_order o
+  LEFT JOIN LATERAL (
+      SELECT sum(a.cost_usd) AS total, count(*) FILTER (WHERE {_UNPRICED_ATTEMPT}) AS unpriced
+        FROM executor_attempt a WHERE a.job_id = o.job_id) cost ON true
+ WHERE o.created_at >= %s AND o.created_at < %s {{client}}
+ GROUP BY o.product ORDER BY o.product
+"""
+
+
+def orders_by_product(first: datetime, after: datetime, *, client_id=None) -> list[dict]:
+    """Orders created in [first, after) by product: how many, paid and duplicate, and what their report
+    jobs' attempts cost (priced ones summed; unpriced ones that may have been paid counted, as an order's
+    own cost counts them). One statement; each order's attempts are found by their job's index."""
+    sql = _BY_PRODUCT_SQL.format(client="AND o.client_id = %s" if client_id is not None else "")
+    params = [first, after] + ([client_id] if client_id is not None else [])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [{"product": product, "orders": orders, "paid": paid, "duplicate": duplicate,
+                 "cost": Decimal(cost).quantize(SIX), "unpriced_attempts": unpriced}
+                for product, orders, paid, duplicate, cost, unpriced in cursor.fetchall()]
+
+
+def orders_with_cost(orders):
+    """The orders with what each one's report job cost, as OrderAdmin once read it per row (public_attempts):
+    `cost_total` (priced attempts, None with none) and `cost_unpriced`, computed in the list's own statement."""
+    from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Sum
+
+    from executor.models import Attempt
+
+    attempts = Attempt.objects.filter(job_id=OuterRef("job_id")).order_by().values("job_id")
+    maybe_paid = Q(accepted_at__isnull=False) | Q(state__in=[AttemptState.SUBMITTING, AttemptState.UNCERTAIN])
+    return orders.annotate(
+        cost_total=Subquery(attempts.annotate(total=Sum("cost_usd")).values("total")),
+        cost_unpriced=Subquery(attempts.annotate(count=Count("id", filter=Q(cost_usd__isnull=True) & maybe_paid))
+                               .values("count"), output_field=IntegerField()),
+    )

@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from billing.models import Order
-from jobs.models import Job, Report
+from jobs.models import Job, OperatorAction, Report
 from jobs.reports import report_from_token
 from tests.support.books import assert_books_balance
 from tests.test_reports import CHAPTERS, SUBJECT, report_body, wait_ended
@@ -211,12 +211,17 @@ def test_the_admin_shows_cost_per_order_and_re_runs_only_after_a_confirmation(ad
     listing = admin_client.get("/admin/billing/order/").content.decode()
     assert "pi_1" in listing and "natal-chart" in listing
 
-    asked = admin_client.post("/admin/billing/order/", {"action": "rerun", "_selected_action": [order["id"]]})
+    chosen = {"action": "rerun", "_selected_action": [order["id"]]}
+    asked = admin_client.post("/admin/billing/order/", chosen)
     assert asked.status_code == 200 and "pays again" in asked.content.decode()
     assert Job.objects.get(id=order["job_id"]).run == 1  # nothing happened yet
+    refused = admin_client.post("/admin/billing/order/", {**chosen, "confirm": "yes", "reason": ""})
+    assert refused.status_code == 200 and "a reason is required" in refused.content.decode()
+    assert Job.objects.get(id=order["job_id"]).run == 1 and not OperatorAction.objects.exists()
 
-    done = admin_client.post("/admin/billing/order/", {"action": "rerun", "_selected_action": [order["id"]],
-                                                        "confirm": "yes"})
+    done = admin_client.post("/admin/billing/order/", {**chosen, "confirm": "yes", "reason": "the buyer asked"})
     assert done.status_code == 302
     job = Job.objects.get(id=order["job_id"])
     assert (job.run, job.status) == (2, "queued")
+    [entry] = OperatorAction.objects.all()
+    assert (entry.action, entry.acted, entry.reason) == ("rerun", 1, "the buyer asked")

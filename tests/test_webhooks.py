@@ -268,7 +268,13 @@ def test_the_admin_lists_dead_letters_with_their_envelope_and_tries_and_replays_
     page = admin_client.get(f"/admin/webhooks/delivery/{quote(delivery.id)}/change/").content.decode()
     assert "connection refused" in page and "generation.failed" in page
 
-    replay = admin_client.post("/admin/webhooks/delivery/", {"action": "replay", "_selected_action": [delivery.id]})
+    chosen = {"action": "replay", "_selected_action": [delivery.id], "index": "0"}
+    asked = admin_client.post("/admin/webhooks/delivery/", chosen)  # the confirmation first: nothing yet
+    assert asked.status_code == 200 and Delivery.objects.get(id=delivery.id).status == "dead"
+    replay = admin_client.post("/admin/webhooks/delivery/", {**chosen, "confirm": "yes", "reason": "receiver fixed"})
     assert replay.status_code == 302
+    from jobs.models import OperatorAction
+
+    assert OperatorAction.objects.get().reason == "receiver fixed"
     replayed = Delivery.objects.get(id=delivery.id)
     assert (replayed.status, replayed.schedule_position, replayed.envelope) == ("pending", 0, delivery.envelope)

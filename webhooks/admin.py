@@ -1,7 +1,58 @@
-from django.contrib import admin, messages
+"""Webhook endpoints, the delivery outbox and its tries, and the dead letters (deliveries that ran out of
+tries): their envelope, every try, and replay, one or many, through the operators' one confirmation
+(jobs.adminkit) and audit row (jobs.operations). A replay sends the stored envelope again and pays nothing."""
 
-from webhooks.models import Delivery, DeliveryAttempt, Endpoint, SigningSecret
-from webhooks.services import delivery_replay, endpoint_enable
+import json
+import uuid
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models.functions import Length, Substr
+from django.http import Http404
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from jobs import adminkit, operations
+from webhooks.models import DeadLetter, Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
+from webhooks.services import endpoint_enable
+
+BODY_SHOWN = 500  # characters of a try's response body on the page (the row keeps up to 20 kB)
+NOTHING_PAID = ("a replay sends the stored envelope again under the same webhook-id (receivers dedupe on it); "
+                "no provider is called.")
+
+
+def _search(queryset, term: str):
+    """A job id finds its deliveries; anything else is a webhook-id or its start (`{job}:{run}:{event}`,
+    so a run's deliveries too), both answered by an index."""
+    term = (term or "").strip()
+    if not term:
+        return queryset
+    try:
+        return queryset.filter(job_id=uuid.UUID(term))
+    except ValueError:
+        return queryset.filter(id__startswith=term)
+
+
+def _describe(params) -> str:
+    """The list's filter as the audit row keeps it (event=generation.failed, client=...)."""
+    return ", ".join(f"{name.removesuffix('__exact').removesuffix('__id')}={value}"
+                     for name, value in params.items() if name not in ("o", "p", "_changelist_filters"))
+
+
+def _selection(request, action: str, noun: str) -> tuple[str, list]:
+    """What a list action posted (the selected rows, or "select all" of the filter) as the audit target,
+    and the fields the confirmation posts back so the same action runs on the same rows."""
+    across = request.POST.get("select_across") == "1"
+    selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+    target = (f"{noun} matching {_describe(request.GET) or 'every row'}" if across
+              else f"{noun}: ids={len(selected)} selected")
+    hidden = [("action", action), ("select_across", "1" if across else "0"), ("index", "0")]
+    return target, hidden + [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
 
 
 class DeliveryAttemptInline(admin.TabularInline):
@@ -21,11 +72,173 @@ class DeliveryAdmin(admin.ModelAdmin):
     inlines = [DeliveryAttemptInline]
     actions = ["replay"]
 
-    @admin.action(description="Replay: send the stored envelope again, same webhook-id")
+    @admin.action(description="Replay: send the stored envelope again, same webhook-id…")
     def replay(self, request, queryset):
-        for delivery in queryset:
-            delivery_replay(delivery=delivery)
-        self.message_user(request, f"Replaying {queryset.count()} deliveries.", messages.SUCCESS)
+        queryset = queryset.select_related(None)  # the replay reads ids only
+        target, hidden = _selection(request, "replay", "deliveries")
+        back = request.get_full_path()
+        error = ""
+        if adminkit.confirmed(request):
+            entry, error = adminkit.act_or_refuse(request, lambda: operations.deliveries_replay_rows(
+                deliveries=queryset, target=target, who=request.user.get_username(), via="admin",
+                reason=request.POST.get("reason", "")))
+            if entry is not None:
+                link = reverse("admin:jobs_operatoraction_change", args=[entry.id])
+                # Counted in deliveries (adminkit.acted_message counts a job replay's deliveries over its jobs).
+                self.message_user(request, f"Replay: {entry.acted} of {entry.matched} deliveries sent again. "
+                                  f"Audit row: {link}", messages.SUCCESS if entry.acted else messages.WARNING)
+                return redirect(back)
+        return adminkit.confirm_page(
+            request, self.admin_site, title="Replay deliveries", verb="replay",
+            preview=operations.deliveries_preview(deliveries=queryset, target=target), hidden=hidden,
+            back_url=back, back_label="Deliveries", reason_error=error, nothing_paid=NOTHING_PAID)
+
+
+# --- dead letters ---------------------------------------------------------------------------------------
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    """The deliveries that ran out of tries (only `dead` rows): who and what each was for, how it failed,
+    its envelope and every try on its page, and replay, one, the selection or every match of the filter."""
+
+    list_display = ("webhook_id", "client_name", "job_link", "event", "tries", "last_status_code", "error_start",
+                    "created_at")
+    list_filter = ("event", ("client", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("id",)  # shows the search box; the search itself is _search (get_search_results)
+    search_help_text = "A webhook-id (or its start) or a job id."
+    list_select_related = ("client",)
+    ordering = ("-created_at", "-id")
+    actions = ["replay_selected"]
+    change_list_template = "admin/webhooks/deadletter/change_list.html"
+
+    def get_queryset(self, request):
+        # The envelope is read on a dead letter's own page, never for the list.
+        return super().get_queryset(request).filter(status=DeliveryStatus.DEAD).defer("envelope")
+
+    def get_search_results(self, request, queryset, search_term):
+        return _search(queryset, search_term), False
+
+    @admin.display(description="webhook-id", ordering="id")
+    def webhook_id(self, row):
+        return row.id
+
+    @admin.display(description="client", ordering="client__name")
+    def client_name(self, row):
+        return row.client.name
+
+    @admin.display(description="job")
+    def job_link(self, row):
+        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[row.job_id]), row.job_id)
+
+    @admin.display(description="tries", ordering="attempts")
+    def tries(self, row):
+        return row.attempts
+
+    @admin.display(description="last error")
+    def error_start(self, row):
+        return row.last_error if len(row.last_error) <= 120 else row.last_error[:120] + "…"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a dead letter changes only by a replay (its button, or the list's action)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # an event that happened: replay it, never delete it
+
+    def changelist_view(self, request, extra_context=None):
+        query = request.GET.urlencode()
+        replay_all = reverse("admin:webhooks_deadletter_replay_matching") + (f"?{query}" if query else "")
+        return super().changelist_view(request, {**(extra_context or {}), "replay_matching_url": replay_all})
+
+    # --- a dead letter's page ---------------------------------------------------------------------------
+
+    def get_urls(self):
+        own = [
+            path("replay/", self.admin_site.admin_view(self.replay_matching_view),
+                 name="webhooks_deadletter_replay_matching"),
+            path("<path:object_id>/replay/", self.admin_site.admin_view(self.replay_one_view),
+                 name="webhooks_deadletter_replay"),
+        ]
+        return own + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        letter = DeadLetter.objects.select_related("client").filter(pk=unquote(object_id)).first()
+        if letter is None:
+            raise Http404("No such delivery.")
+        tries = (DeliveryAttempt.objects.filter(delivery_id=letter.id).order_by("number").defer("response_body")
+                 .annotate(body_start=Substr("response_body", 1, BODY_SHOWN), body_length=Length("response_body")))
+        return TemplateResponse(request, "admin/webhooks/deadletter/page.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "title": f"Dead letter {letter.id}",
+            "letter": letter, "dead": letter.status == DeliveryStatus.DEAD, "envelope": _pretty(letter.envelope),
+            "tries": tries, "body_shown": BODY_SHOWN, "url": letter.url or _endpoint_url(letter),
+            "job_url": reverse("admin:jobs_job_change", args=[letter.job_id]),
+            "replay_url": reverse("admin:webhooks_deadletter_replay", args=[quote(letter.id)]),
+        })
+
+    # --- replay: one, the selection, every match --------------------------------------------------------
+
+    def replay_one_view(self, request, object_id):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        ident = unquote(object_id)
+        if not Delivery.objects.filter(id=ident).exists():
+            raise Http404("No such delivery.")
+        page = reverse("admin:webhooks_deadletter_change", args=[quote(ident)])
+        return self._confirm_and_replay(request, Delivery.objects.filter(id=ident), f"dead letter {ident}",
+                                        hidden=[], back=page, done=reverse("admin:webhooks_deadletter_changelist"))
+
+    def replay_matching_view(self, request):
+        """Every dead letter the list's filter and search match (its query string), not only one page."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            letters = self.get_changelist_instance(request).get_queryset(request)
+        except IncorrectLookupParameters:
+            raise Http404("Unknown filter.") from None
+        query = request.GET.urlencode()
+        back = reverse("admin:webhooks_deadletter_changelist") + (f"?{query}" if query else "")
+        return self._confirm_and_replay(request, letters,
+                                        f"dead letters matching {_describe(request.GET) or 'every row'}",
+                                        hidden=[], back=back)
+
+    @admin.action(description="Replay the selected dead letters…")
+    def replay_selected(self, request, queryset):
+        target, hidden = _selection(request, "replay_selected", "dead letters")
+        return self._confirm_and_replay(request, queryset, target, hidden=hidden, back=request.get_full_path())
+
+    def _confirm_and_replay(self, request, letters, target, *, hidden, back, done=""):
+        letters = letters.select_related(None)  # the list's join of the client: the replay reads ids only
+        error = ""
+        if adminkit.confirmed(request):
+            entry, error = adminkit.act_or_refuse(request, lambda: operations.dead_letters_replay(
+                deliveries=letters, target=target, who=request.user.get_username(), via="admin",
+                reason=request.POST.get("reason", "")))
+            if entry is not None:
+                adminkit.acted_message(self, request, entry)
+                return redirect(done or back)
+        return adminkit.confirm_page(
+            request, self.admin_site, title="Replay dead letters", verb="replay",
+            preview=operations.dead_letters_preview(deliveries=letters, target=target), hidden=hidden,
+            back_url=back, back_label="Dead letters", reason_error=error,
+            skipped_why="not dead: delivered, or already being sent again", nothing_paid=NOTHING_PAID)
+
+
+def _pretty(envelope: str) -> str:
+    """The stored envelope indented for reading (the bytes sent stay as stored); as stored if not JSON."""
+    try:
+        return json.dumps(json.loads(envelope), indent=2, ensure_ascii=False)
+    except ValueError:
+        return envelope
+
+
+def _endpoint_url(letter) -> str:
+    endpoint = Endpoint.objects.filter(client_id=letter.client_id).only("url").first()
+    return f"(the client's endpoint) {endpoint.url}" if endpoint and endpoint.url else "(none: no URL was set)"
 
 
 class SigningSecretInline(admin.TabularInline):

@@ -101,3 +101,13 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self):
         return f"{self.delivery_id} try {self.number}: {self.status_code or self.error[:40]}"
+
+
+class DeadLetter(Delivery):
+    """A delivery that ran out of tries (status `dead`), for the operators' dead letters admin: the same
+    rows, listed on their own (webhooks.admin.DeadLetterAdmin keeps only the dead ones)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters"
