@@ -31,7 +31,9 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self):
-        return self.object_list[: self.CAP + 1].count()
+        # Without the list's ORDER BY: the planner may then count from whichever index fits the filter
+        # instead of walking job_created in order (kind=report: 132 ms -> 16 ms, bench/admin.py).
+        return self.object_list.order_by().values("pk")[: self.CAP + 1].count()
 
 
 class ModelFilter(admin.SimpleListFilter):
@@ -110,7 +112,7 @@ def filter_from_params(params) -> JobFilter:
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("short_id", "client", "kind", "status", "chain", "run", "cost", "created_at", "completed_at")
-    list_filter = ("status", "kind", ("client", admin.RelatedOnlyFieldListFilter), ModelFilter, MonthFilter)
+    list_filter = ("status", "kind", "client", ModelFilter, MonthFilter)
     search_fields = ("id",)  # shows the search box; the search itself is jobs_search (get_search_results)
     search_help_text = ("A job id, an upstream key (payonce-<job>-<n>), an idempotency key, "
                         "or a metadata pair key=value.")
@@ -162,17 +164,16 @@ class JobAdmin(admin.ModelAdmin):
         return own + super().get_urls()
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        job = Job.objects.select_related("client").filter(pk=object_id).first() if _is_uuid(object_id) else None
+        job = Job.objects.select_related("client").filter(pk=object_id).first() if adminkit.is_uuid(object_id) else None
         if job is None:
             raise Http404("No such job.")
         output_url = reverse("admin:jobs_job_output", args=[job.id]) if job.output else ""
-        entries = job_timeline(job, output_url=output_url)
-        show_all = request.GET.get("all") == "1"
-        shown = entries if show_all else entries[-SHOWN:]
+        entries, older_left_out = job_timeline(job, output_url=output_url,
+                                               limit=None if request.GET.get("all") == "1" else SHOWN)
         one = f"?id={job.id}"
         return TemplateResponse(request, "admin/jobs/job/timeline.html", {
             **self.admin_site.each_context(request), "title": f"Job {job.id}", "job": job, "opts": Job._meta,
-            "entries": shown, "total": len(entries), "hidden_count": len(entries) - len(shown),
+            "entries": entries, "older_left_out": older_left_out,
             "cost": _cost_of(job),
             "actions": [(reverse("admin:jobs_job_bulk", args=[action]) + one, verb)
                         for action, (verb, _) in BULK.items()
@@ -287,16 +288,6 @@ def _cost_of(job) -> dict:
     from executor.selectors import attempts_for, public_attempts
 
     return public_attempts(attempts_for([job.id]).get(job.id, []))[1]
-
-
-def _is_uuid(value) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return True
 
 
 @admin.register(OperatorAction)

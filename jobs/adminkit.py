@@ -2,6 +2,8 @@
 preview, what it pays, a required reason) and the message after it, shared by the jobs, orders and dead
 letter admins."""
 
+import uuid
+
 from django.contrib import messages
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -26,10 +28,13 @@ def confirmed(request) -> bool:
     return request.method == "POST" and request.POST.get("confirm") == "yes"
 
 
-def acted_message(model_admin, request, entry) -> None:
-    """The message after an action, linking to its audit row."""
+def acted_message(model_admin, request, entry, *, done: str = "") -> None:
+    """The message after an action, linking to its audit row. `done` says what changed where the
+    default wording does not fit (a replay of chosen deliveries counts deliveries, not jobs)."""
     link = reverse("admin:jobs_operatoraction_change", args=[entry.id])
-    if entry.action == "replay":  # counted in deliveries, over the jobs matched
+    if done:
+        pass
+    elif entry.action == "replay":  # a job replay is counted in deliveries, over the jobs matched
         done = f"{entry.acted} deliveries sent again, over {entry.matched} job{'s' if entry.matched != 1 else ''}"
     else:
         done = f"{entry.acted} of {entry.matched} changed"
@@ -44,3 +49,12 @@ def act_or_refuse(request, act):
         return act(), ""
     except OperationRefused as exc:
         return None, str(exc)
+
+
+def is_uuid(value) -> bool:
+    """An object id in an admin URL: anything else is a 404, never a database error."""
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True

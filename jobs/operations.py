@@ -160,8 +160,7 @@ def preview_jobs(*, action: str, jobs: QuerySet, target: str) -> Preview:
     if action in (OperatorActionKind.RETRY, OperatorActionKind.RERUN):
         acting = jobs.filter(status__in=RETRYABLE)
         preview = _preview(action, target, matched, acting)
-        preview.worst_case_usd = sum((retry_worst_case(job) for job in acting.iterator(chunk_size=CHUNK)),
-                                     Decimal("0.000000"))
+        preview.worst_case_usd = retry_worst_cases(acting)
         return preview
     if action == OperatorActionKind.REPLAY:
         from webhooks.selectors import deliveries_of_jobs
@@ -183,16 +182,47 @@ def retry_worst_case(job: Job) -> Decimal:
     """The most a new run of `job` may reserve (and so pay), every call at its worst case: a media job,
     each model of its chain tried attempts_per_model times; a report, one call for each chapter not yet
     written and the synthesis if it was not (written ones are read back for free)."""
+    return retry_worst_cases(Job.objects.filter(id=job.id))
+
+
+def retry_worst_cases(jobs: QuerySet) -> Decimal:
+    """retry_worst_case summed over `jobs`, in a few statements whatever their number (a bulk retry's
+    preview over thousands of failed jobs answers at once: bench/admin.py). Media jobs are grouped by
+    chain and policy; reports are read a CHUNK at a time, with their chapters left counted in one query."""
+    from django.db.models import Count
+
+    from jobs.models import ChapterStatus, Report, ReportChapter
+
+    total = Decimal("0.000000")
+    media = (jobs.filter(kind=JobKind.MEDIA).order_by().values("model_chain", "policy__attempts_per_model")
+             .annotate(jobs=Count("id")))
+    for group in media:
+        total += _media_worst_case(group["model_chain"], group["policy__attempts_per_model"]) * group["jobs"]
+    report_jobs = jobs.filter(kind=JobKind.REPORT).order_by().only("id", "model_chain", "input")
+    chunk: list[Job] = []
+    for job in [*report_jobs.iterator(chunk_size=CHUNK), None]:
+        if job is not None:
+            chunk.append(job)
+        if chunk and (job is None or len(chunk) == CHUNK):
+            ids = [each.id for each in chunk]
+            rows = {row.job_id: row for row in Report.objects.filter(job_id__in=ids)}
+            left = dict(ReportChapter.objects.filter(report_id__in=ids).exclude(status=ChapterStatus.DONE)
+                        .order_by().values("report_id").annotate(n=Count("id")).values_list("report_id", "n"))
+            total += sum((_report_worst_case(each, rows.get(each.id), left.get(each.id, 0)) for each in chunk),
+                         Decimal("0.000000"))
+            chunk = []
+    return total
+
+
+def _media_worst_case(chain: list[str], attempts_per_model) -> Decimal:
     from billing import rates
     from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 
-    if job.kind == JobKind.REPORT:
-        return _report_worst_case(job)
-    tries = (job.policy or {}).get("attempts_per_model", DEFAULT_ATTEMPTS_PER_MODEL)
-    return sum((rates.worst_case(model) * tries for model in job.model_chain), Decimal("0.000000"))
+    tries = attempts_per_model if attempts_per_model is not None else DEFAULT_ATTEMPTS_PER_MODEL
+    return sum((rates.worst_case(model) * tries for model in chain), Decimal("0.000000"))
 
 
-def _report_worst_case(job: Job) -> Decimal:
+def _report_worst_case(job: Job, report, chapters_left: int) -> Decimal:
     from django.conf import settings
 
     from billing import rates
@@ -201,13 +231,10 @@ def _report_worst_case(job: Job) -> Decimal:
     from jobs.models import Report
     from jobs.recipes import chapter_worst_case
 
-    report = Report.objects.filter(job_id=job.id).first()
     if report is None:  # it failed before its first step wrote the report: everything is still to write
         report = Report(job=job, subject=(job.input or {}).get("subject"),
                         chapter_keys=list((job.input or {}).get("chapters", [])))
-        left = list(report.chapter_keys)
-    else:
-        left = reports.chapters_left(report)
+        chapters_left = len(report.chapter_keys)
     synthesis = Decimal("0.000000")
     if report.synthesis is None:
         synthesis = rates.worst_case(job.model_chain[0], max_tokens=min(settings.REPORT_SYNTHESIS_MAX_TOKENS,
@@ -217,9 +244,9 @@ def _report_worst_case(job: Job) -> Decimal:
         # The chapters read a synthesis not written yet: bound it by its whole max_tokens, each token
         # as long as the longest UTF-8 character.
         report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
-    if not left:
+    if not chapters_left:
         return synthesis
-    return synthesis + chapter_worst_case(_RunOf(job), report) * len(left)
+    return synthesis + chapter_worst_case(_RunOf(job), report) * chapters_left
 
 
 @dataclass

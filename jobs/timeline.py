@@ -12,8 +12,8 @@ from executor.models import Attempt
 from jobs.models import Job, Step
 from webhooks.models import Delivery, DeliveryAttempt
 
-# A job page stays fast on a job with thousands of rows (bench/admin.py): the newest entries are shown,
-# and `?all=1` shows every one.
+# A job page stays fast on a job with thousands of rows (bench/admin.py): each table is read newest first,
+# at most SHOWN rows, and the newest SHOWN entries are shown; `?all=1` reads and shows every one.
 SHOWN = 400
 
 
@@ -28,15 +28,18 @@ class Entry:
     link: str = ""
 
 
-def job_timeline(job: Job, *, output_url: str = "") -> list[Entry]:
+def job_timeline(job: Job, *, output_url: str = "", limit: int | None = SHOWN) -> tuple[list[Entry], bool]:
+    """The entries in time order, and whether older ones were left out (`limit` rows a table at most)."""
     entries = [Entry(job.created_at, "job", f"created (run 1), {job.kind}", "info",
                      [("idempotency key", job.idempotency_key), ("models", " -> ".join(job.model_chain)),
                       ("output key", job.output_key), ("metadata", job.metadata or "")])]
     if job.started_at:
         entries.append(Entry(job.started_at, "job", f"run {job.run} started", "info"))
-    entries += _steps(job)
-    entries += _attempts(job)
-    entries += _reservations(job)
+    reads = Reads(limit)
+    entries += _steps(job, reads)
+    attempts = reads.newest(Attempt.objects.filter(job_id=job.id).defer("request", "answer"), "-number")
+    entries += _attempts(attempts)
+    entries += _reservations(job, attempts, reads)
     if job.output and job.completed_at:
         entries.append(Entry(job.completed_at, "output", "output written", "ok",
                              [("key", job.output.get("key")), ("written by", job.output.get("written_by")),
@@ -49,9 +52,25 @@ def job_timeline(job: Job, *, output_url: str = "") -> list[Entry]:
         error = job.error or {}
         entries.append(Entry(job.updated_at, "job", "waiting for a person", "wait",
                              [("code", error.get("code", ""))], text=error.get("message", "")))
-    entries += _deliveries(job)
+    entries += _deliveries(job, reads)
     entries.sort(key=lambda entry: (entry.at, _ORDER.get(entry.kind, 9)))
-    return entries
+    if limit is not None and len(entries) > limit:
+        return entries[-limit:], True
+    return entries, reads.cut
+
+
+class Reads:
+    """Each table's rows newest first, at most `limit` of them; remembers whether any table had more."""
+
+    def __init__(self, limit: int | None):
+        self.limit, self.cut = limit, False
+
+    def newest(self, rows, *order) -> list:
+        if self.limit is None:
+            return list(rows.order_by(*order))
+        got = list(rows.order_by(*order)[: self.limit + 1])
+        self.cut = self.cut or len(got) > self.limit
+        return got[: self.limit]
 
 
 _STATE = {"succeeded": "ok", "failed": "bad", "cancelled": "bad", "uncertain": "wait", "waiting": "wait",
@@ -60,9 +79,9 @@ _STATE = {"succeeded": "ok", "failed": "bad", "cancelled": "bad", "uncertain": "
 _ORDER = {"job": 0, "step": 1, "reservation": 2, "attempt": 3, "output": 4, "delivery": 5, "try": 6}
 
 
-def _steps(job: Job) -> list[Entry]:
+def _steps(job: Job, reads: Reads) -> list[Entry]:
     entries = []
-    for step in Step.objects.filter(job_id=job.id).order_by("started_at", "id"):
+    for step in reads.newest(Step.objects.filter(job_id=job.id), "-started_at", "-id"):
         facts = [("run", step.run), ("executions", step.attempts), ("lease held by", step.lease_owner or "—"),
                  ("lease until", step.lease_until or "—")]
         taken = " (taken over)" if step.attempts > 1 else ""
@@ -74,9 +93,8 @@ def _steps(job: Job) -> list[Entry]:
     return entries
 
 
-def _attempts(job: Job) -> list[Entry]:
+def _attempts(rows: list[Attempt]) -> list[Entry]:
     entries = []
-    rows = Attempt.objects.filter(job_id=job.id).defer("request", "answer").order_by("number")
     for attempt in rows:
         head = f"attempt {attempt.number} ({attempt.provider}/{attempt.model}, step {attempt.step}, run {attempt.run})"
         entries.append(Entry(attempt.created_at, "attempt", f"{head}: intent written", "info",
@@ -100,9 +118,12 @@ def _attempts(job: Job) -> list[Entry]:
     return entries
 
 
-def _reservations(job: Job) -> list[Entry]:
+def _reservations(job: Job, attempts: list[Attempt], reads: Reads) -> list[Entry]:
+    """Found by key (billing keeps no index on the job: its hot path pays for none): each attempt's upstream
+    key, and each run's fan-out pool (jobs.recipes._pool)."""
+    keys = [a.upstream_key for a in attempts] + [f"fanout-{job.id}-{run}" for run in range(1, job.run + 1)]
     entries = []
-    for row in Reservation.objects.filter(job_id=job.id).order_by("created_at", "id"):
+    for row in reads.newest(Reservation.objects.filter(key__in=keys), "-created_at", "-id"):
         entries.append(Entry(row.created_at, "reservation", f"reserved ${row.amount} ({row.kind}, {row.model})",
                              "wait", [("key", row.key)]))
         if row.resolved_at:
@@ -112,15 +133,16 @@ def _reservations(job: Job) -> list[Entry]:
     return entries
 
 
-def _deliveries(job: Job) -> list[Entry]:
+def _deliveries(job: Job, reads: Reads) -> list[Entry]:
     entries = []
-    deliveries = list(Delivery.objects.filter(job_id=job.id).defer("envelope").order_by("created_at"))
+    deliveries = reads.newest(Delivery.objects.filter(job_id=job.id).defer("envelope"), "-created_at")
     for delivery in deliveries:
         entries.append(Entry(delivery.created_at, "delivery", f"event {delivery.event} (run {delivery.run})",
                              _STATE.get(delivery.status, "info"),
                              [("webhook-id", delivery.id), ("status", delivery.status), ("tries", delivery.attempts),
                               ("url", delivery.url or "the client's endpoint")]))
-    tries = DeliveryAttempt.objects.filter(delivery_id__in=[d.id for d in deliveries]).order_by("attempted_at")
+    tries = reads.newest(DeliveryAttempt.objects.filter(delivery_id__in=[d.id for d in deliveries]),
+                         "-attempted_at", "-id")
     for attempt in tries:
         good = attempt.status_code is not None and 200 <= attempt.status_code < 300
         entries.append(Entry(attempt.attempted_at, "try", f"try {attempt.number} of {attempt.delivery_id}",

@@ -189,3 +189,23 @@ def test_a_report_that_failed_before_its_first_step_previews_a_retry_of_every_ca
     from billing import rates
 
     assert preview.worst_case_usd > rates.worst_case("sandbox/llm", max_tokens=4000) * len(CHAPTERS)
+
+
+def test_a_job_with_thousands_of_rows_shows_its_newest_entries_and_all_on_demand(admin_client, jobs):
+    from datetime import timedelta
+
+    from jobs.timeline import SHOWN
+
+    job, start = jobs["done"], timezone.now()
+    Attempt.objects.bulk_create([
+        Attempt(job=job, run=1, number=n, provider="sandbox", model="video-keyed", upstream_key=f"payonce-{job.id}-{n}",
+                state=AttemptState.FAILED, error_class="server_error", created_at=start + timedelta(seconds=n),
+                finished_at=start + timedelta(seconds=n, milliseconds=500))
+        for n in range(2, SHOWN + 12)])
+    page = admin_client.get(f"/admin/jobs/job/{job.id}/change/")
+    shown = page.context["entries"]
+    assert len(shown) == SHOWN and page.context["older_left_out"]
+    assert shown[-1].title.startswith(f"attempt {SHOWN + 11} ")  # the newest is there, the oldest are not
+    assert f"payonce-{job.id}-2</dd>" not in page.content.decode()
+    every = admin_client.get(f"/admin/jobs/job/{job.id}/change/?all=1")
+    assert not every.context["older_left_out"] and f"payonce-{job.id}-2</dd>" in every.content.decode()

@@ -83,10 +83,8 @@ class DeliveryAdmin(admin.ModelAdmin):
                 deliveries=queryset, target=target, who=request.user.get_username(), via="admin",
                 reason=request.POST.get("reason", "")))
             if entry is not None:
-                link = reverse("admin:jobs_operatoraction_change", args=[entry.id])
-                # Counted in deliveries (adminkit.acted_message counts a job replay's deliveries over its jobs).
-                self.message_user(request, f"Replay: {entry.acted} of {entry.matched} deliveries sent again. "
-                                  f"Audit row: {link}", messages.SUCCESS if entry.acted else messages.WARNING)
+                adminkit.acted_message(self, request, entry,
+                                       done=f"{entry.acted} of {entry.matched} deliveries sent again")
                 return redirect(back)
         return adminkit.confirm_page(
             request, self.admin_site, title="Replay deliveries", verb="replay",
