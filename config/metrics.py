@@ -44,6 +44,9 @@ COUNTERS = {
                   "Provider callbacks received, by what payonce answered (executor.callbacks)."),
     "polls": ("outcome", ("running", "succeeded", "failed", "cancelled", "error"),
               "Polls of an accepted attempt, by what the provider said (error: the poll itself failed)."),
+    "lease_takeovers": ("kind", ("media", "report"),
+                        "Steps taken over from another holder whose lease ran out (its worker died or stalled), "
+                        "by job kind: the logs' step.taken_over lines (jobs.steps._log_claim)."),
 }
 HASH_KEY = "payonce:metrics:counters"
 # A counter is never worth a stall: a Redis that does not answer at once is left alone this long.
@@ -214,7 +217,9 @@ class PayonceCollector(Collector):
             family.add_metric([status], deliveries.get(status, 0))
         yield family
 
-        yield CounterMetricFamily("payonce_lease_takeovers", "Claims of a step's lease beyond its first: taken over "
+        # Every claim of a step's lease beyond its first, from the rows: a takeover (counted alone by
+        # payonce_lease_takeovers_total), or a holder taking its own lease back after a back-off or a poll.
+        yield CounterMetricFamily("payonce_step_reclaims", "Claims of a step's lease beyond its first: taken over "
                                   "from a holder whose lease ran out, or taken back after a back-off or between polls.",
                                   value=takeovers)
 

@@ -23,6 +23,7 @@ from django.db import connection, connections
 from django.db.models.functions import Now
 
 from config.logs import log_event
+from config.metrics import count
 from config.sql import update_sql
 from jobs.models import Job, Step, StepStatus
 from jobs.workflow import Later, Stop
@@ -138,6 +139,7 @@ def _log_claim(ctx: StepContext, name: str, before: StepRow | None, row: StepRow
         return
     else:
         event = "step.taken_over"
+        count("lease_takeovers", kind=ctx.job.kind)
     log_event(logger, event, job_id=ctx.job.id, run=ctx.run, step=name, claims=row.attempts,
               lease_owner=row.lease_owner,
               previous_owner=before.lease_owner if before is not None and event == "step.taken_over" else None)
