@@ -84,8 +84,9 @@ def _steps(job: Job, reads: Reads) -> list[Entry]:
     for step in reads.newest(Step.objects.filter(job_id=job.id), "-started_at", "-id"):
         facts = [("run", step.run), ("executions", step.attempts), ("lease held by", step.lease_owner or "—"),
                  ("lease until", step.lease_until or "—")]
-        taken = " (taken over)" if step.attempts > 1 else ""
-        entries.append(Entry(step.started_at, "step", f"step {step.name} claimed{taken}", "info", facts))
+        # `executions` above 1: the lease was claimed again, by a worker that took it over from a dead one
+        # or by its own holder after a back-off or a poll (the logs' step.taken_over tells them apart).
+        entries.append(Entry(step.started_at, "step", f"step {step.name} claimed", "info", facts))
         if step.finished_at:
             entries.append(Entry(step.finished_at, "step", f"step {step.name} {step.status}",
                                  _STATE.get(step.status, "info"), [("run", step.run)],
