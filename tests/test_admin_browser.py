@@ -54,7 +54,9 @@ def ops_stack(transactional_db, ledger, mailbox):
     from tests.support.procs import Stack
 
     # A broker of its own (db 10 is free while this test runs: the suite runs one file at a time).
-    processes = Stack("redis://127.0.0.1:6379/10", webhooks=True, EMAIL_URL=mailbox.url, **WEBHOOK_TEST_ENV)
+    # The drainer every half second: the failing webhooks use up their tries (1 s apart) in seconds.
+    processes = Stack("redis://127.0.0.1:6379/10", webhooks=True, EMAIL_URL=mailbox.url, WEBHOOK_DRAIN_INTERVAL_S=0.5,
+                      **WEBHOOK_TEST_ENV)
     try:
         yield processes.start()
     finally:

@@ -21,12 +21,12 @@ pytestmark = pytest.mark.e2e
 
 PINNED = [
     # (seed, jobs): storms that failed once, and the bug each found.
-    (820687, 100),  # a resend of a key answered 429 ended its attempt unpaid, with a charge in the ledger
     (70455, 100),  # a cancelled job's render accepted after the cancel stayed running, its money reserved
-    # Not run here, to keep CI well under 15 minutes (each storm is about 50 s; 500 jobs, about 2
+    # Not run here, to keep CI well under 15 minutes (each storm is about 55 s; 500 jobs, about 2
     # minutes): replayed by `make chaos CHAOS_SEED=N CHAOS_ARGS=--jobs=J`, each bug with its own
-    # regression test. Seed 1 (60 jobs): a keyed attempt given up `failed` after its sends' answers were
-    # lost (tests/test_executor.py). Seed 3 (100): a cancelled job's attempt left `submitting`, its
+    # regression test. Seed 820687 (100): a resend of a key answered 429 ended its attempt unpaid, with a
+    # charge in the ledger (tests/test_executor.py). Seed 1 (60 jobs): a keyed attempt given up `failed`
+    # after its sends' answers were lost (tests/test_executor.py). Seed 3 (100): a cancelled job's attempt left `submitting`, its
     # money held (tests/test_executor.py, tests/test_money_invariants.py). Seed 41 (500): a pass deciding
     # from a stale attempt (tests/test_money_invariants.py). Seed 61 (500): a keyed render paid twice
     # after a refused resend made it uncertain (tests/test_executor.py).

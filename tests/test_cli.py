@@ -333,11 +333,13 @@ def test_no_filter_is_refused_unless_all_is_given(fleet):
 
 
 def test_unknown_ids_and_bad_filters_exit_2_without_a_traceback(fleet):
-    for args in (["--id", str(uuid.uuid4())], ["--id", "not-a-job"], ["--status", "sleeping"], ["--kind", "film"],
-                 ["--client", "nobody"], ["--client", str(uuid.uuid4())], ["--month", "2026-13"]):
-        done = manage("jobs_cancel", *args, "--reason", "r")
-        assert done.returncode == 2, (args, done.stderr)
-        no_traceback(done)
+    done = manage("jobs_cancel", "--id", "not-a-job", "--reason", "r")  # one as a real process, as operators run it
+    assert done.returncode == 2, done.stderr
+    no_traceback(done)
+    for args in (["--id", str(uuid.uuid4())], ["--status", "sleeping"], ["--kind", "film"], ["--client", "nobody"],
+                 ["--client", str(uuid.uuid4())], ["--month", "2026-13"]):
+        code, _, err = command("jobs_cancel", *args, "--reason", "r")  # in process: the same refusals, 1 s faster each
+        assert code == 2 and "Traceback" not in err, (args, err)
     assert OperatorAction.objects.count() == 0
 
 
