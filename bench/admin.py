@@ -733,7 +733,8 @@ def report(results: dict, baseline: dict) -> None:
     for name, row in results.items():
         if row["p50"] >= TARGET_MS and row["slowest"]:
             print(f"\nOVER {TARGET_MS:.0f} ms: {name} ({row['p50']:.1f} ms, {row['sql_ms']:.1f} ms in SQL); its slowest "
-                  f"statement took {row['slowest']['time']} s:\n  {row['slowest']['sql'][:3000]}\n{explain(row['slowest']['sql'])}")
+                  f"statement took {row['slowest']['time']} s:\n  {_cut(row['slowest']['sql'])}\n"
+                  f"{_cut(explain(row['slowest']['sql']), 4000)}")
     for name, row in baseline.items():
         if row["whole_counts"]:
             print(f"stock {name}: {len(row['whole_counts'])} statement(s) count a whole table")
@@ -779,5 +780,11 @@ def explain(sql: str) -> str:
         return "\n".join("    " + line for (line,) in cursor.fetchall())
 
 
+def _cut(text: str, limit: int = 600) -> str:
+    """A long statement (a job page's IN list of 2,000 keys) printed as its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 if __name__ == "__main__":
     main()
+
