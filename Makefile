@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install migrate run test bench fuzz-api chaos clean
+.PHONY: install migrate run test bench fuzz-api chaos chaos-pinned clean
 
 $(BIN)/.installed: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ fuzz-api: migrate
 # BROKER=amqp runs it on RabbitMQ, HOSTS=1 puts every process in a network namespace of its own (root).
 chaos: install
 	$(BIN)/python -m tests.chaos $(if $(BROKER),--broker $(BROKER)) $(if $(filter 1,$(HOSTS)),--hosts) $(CHAOS_ARGS)
+
+# Every storm seed that once failed (tests/chaos/pinned.py), replayed one after another.
+chaos-pinned: install
+	$(BIN)/python -m tests.chaos.pinned
 
 clean:
 	rm -rf $(VENV) var

@@ -4,7 +4,9 @@ with every fault of the long one: sandbox faults of every action, workers SIGKIL
 dangerous moments, the broker flushed, PostgreSQL restarted, the sandbox crashed, the webhook worker
 killed. It checks from the outside (tests/chaos/checks.py) and exits non-zero when any check fails.
 
-Seeds that ever failed are pinned in PINNED and run here too, so a fixed bug stays fixed.
+Every seed that ever failed is listed in tests/chaos/pinned.py beside the regression test of its bug
+(each bug has one, which runs in `make test`); `make chaos-pinned` replays those storms. They are not
+replayed here: a storm is about a minute, and CI stays well under 15 minutes.
 """
 
 import os
@@ -18,20 +20,6 @@ from django.db import connections
 from tests.support.procs import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
-
-PINNED = [
-    # (seed, jobs): storms that failed once, and the bug each found.
-    (70455, 100),  # a cancelled job's render accepted after the cancel stayed running, its money reserved
-    # Not run here, to keep CI well under 15 minutes (each storm is about 55 s; 500 jobs, about 2
-    # minutes): replayed by `make chaos CHAOS_SEED=N CHAOS_ARGS=--jobs=J`, each bug with its own
-    # regression test. Seed 820687 (100): a resend of a key answered 429 ended its attempt unpaid, with a
-    # charge in the ledger (tests/test_executor.py). Seed 1 (60 jobs): a keyed attempt given up `failed`
-    # after its sends' answers were lost (tests/test_executor.py). Seed 3 (100): a cancelled job's attempt left `submitting`, its
-    # money held (tests/test_executor.py, tests/test_money_invariants.py). Seed 41 (500): a pass deciding
-    # from a stale attempt (tests/test_money_invariants.py). Seed 61 (500): a keyed render paid twice
-    # after a refused resend made it uncertain (tests/test_executor.py).
-]
-
 
 def storm(seed: int, jobs: int) -> None:
     # The storm restarts PostgreSQL: this process's own connections would be cut under it.
@@ -51,7 +39,3 @@ def storm(seed: int, jobs: int) -> None:
 def test_a_short_storm_with_a_fresh_seed_loses_nothing_and_pays_once():
     storm(int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6)), jobs=100)
 
-
-@pytest.mark.parametrize("seed, jobs", PINNED)
-def test_a_storm_that_once_failed_passes(seed, jobs):
-    storm(seed, jobs)
