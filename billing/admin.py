@@ -9,11 +9,9 @@ from decimal import Decimal
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.http import Http404
-from django.shortcuts import redirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -345,34 +343,19 @@ class OrderAdmin(admin.ModelAdmin):
 
     @admin.action(description="Re-run the reports (pays again)…")
     def rerun(self, request, queryset):
-        across = request.POST.get("select_across") == "1"
-        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
-        target = (f"orders matching {_describe(request.GET) or 'every order'}" if across
+        across, selected, hidden = adminkit.selection(request, "rerun")
+        target = (f"orders matching {adminkit.describe_filter(request.GET) or 'every order'}" if across
                   else f"orders: ids={len(selected)} selected")
-        hidden = [("action", "rerun"), ("select_across", "1" if across else "0"), ("index", "0")]
-        hidden += [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
         jobs = Job.objects.filter(id__in=queryset.order_by().exclude(job=None).values("job_id"))
         return self._confirm_and_rerun(request, jobs, target, hidden=hidden, back=request.get_full_path())
 
     def _confirm_and_rerun(self, request, jobs, target, *, hidden, back):
         """jobs.operations.jobs_act(action="rerun") over the orders' report jobs: only failed or waiting
         ones start a new run, whose chapters already written are read back, never paid for again."""
-        error = ""
-        if adminkit.confirmed(request):
-            entry, error = adminkit.act_or_refuse(request, lambda: operations.jobs_act(
-                action=OperatorActionKind.RERUN, jobs=jobs, target=target, who=request.user.get_username(),
-                via="admin", reason=request.POST.get("reason", "")))
-            if entry is not None:
-                adminkit.acted_message(self, request, entry)
-                return redirect(back)
-        preview = operations.preview_jobs(action=OperatorActionKind.RERUN, jobs=jobs, target=target)
-        return adminkit.confirm_page(
-            request, self.admin_site, title="Re-run reports", verb="re-run", preview=preview, hidden=hidden,
-            back_url=back, back_label="Orders", pays_again=True, reason_error=error,
+        return adminkit.confirm_or_act(
+            self, request, back=back,
+            act=lambda **who_and_reason: operations.jobs_act(action=OperatorActionKind.RERUN, jobs=jobs,
+                                                             target=target, via="admin", **who_and_reason),
+            preview=lambda: operations.preview_jobs(action=OperatorActionKind.RERUN, jobs=jobs, target=target),
+            title="Re-run reports", verb="re-run", hidden=hidden, back_label="Orders", pays_again=True,
             skipped_why="only failed or waiting reports are re-run; a duplicate order has no report of its own")
-
-
-def _describe(params) -> str:
-    """The list's filter as the audit row keeps it (status=paid, product=natal-chart ...)."""
-    return ", ".join(f"{name.removesuffix('__exact')}={value}" for name, value in params.items()
-                     if name not in ("o", "p", "_changelist_filters"))

@@ -221,30 +221,19 @@ class JobAdmin(admin.ModelAdmin):
 
     def _confirm_and_act(self, request, action, jobs, target, *, hidden, back):
         verb, pays_again = BULK[action]
-        error = ""
-        if adminkit.confirmed(request):
-            entry, error = adminkit.act_or_refuse(request, lambda: operations.jobs_act(
-                action=action, jobs=jobs, target=target, who=request.user.get_username(), via="admin",
-                reason=request.POST.get("reason", "")))
-            if entry is not None:
-                adminkit.acted_message(self, request, entry)
-                return redirect(back)
-        preview = operations.preview_jobs(action=action, jobs=jobs, target=target)
-        return adminkit.confirm_page(
-            request, self.admin_site, title=f"{verb.capitalize()} jobs", verb=verb, preview=preview, hidden=hidden,
-            back_url=back, back_label="Jobs", pays_again=pays_again, reason_error=error,
+        return adminkit.confirm_or_act(
+            self, request, back=back,
+            act=lambda **who_and_reason: operations.jobs_act(action=action, jobs=jobs, target=target, via="admin",
+                                                             **who_and_reason),
+            preview=lambda: operations.preview_jobs(action=action, jobs=jobs, target=target),
+            title=f"{verb.capitalize()} jobs", verb=verb, hidden=hidden, back_label="Jobs", pays_again=pays_again,
             skipped_why=_SKIPPED[action],
             nothing_paid="a replay sends the stored envelopes again under the same webhook-id; no provider is called."
             if action == OperatorActionKind.REPLAY else "")
 
     def _selection_action(self, request, queryset, action):
-        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-
-        across = request.POST.get("select_across") == "1"
-        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        across, selected, hidden = adminkit.selection(request, request.POST["action"])
         target = (filter_from_params(request.GET).describe() if across else f"ids={len(selected)} selected")
-        hidden = [("action", request.POST["action"]), ("select_across", "1" if across else "0"), ("index", "0")]
-        hidden += [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
         # The list's queryset carries its page's joins and cost column; the action needs only which jobs.
         jobs = Job.objects.filter(pk__in=queryset.order_by().values("pk"))
         return self._confirm_and_act(request, action, jobs, target, hidden=hidden,

@@ -5,6 +5,8 @@ letter admins."""
 import uuid
 
 from django.contrib import messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
@@ -49,6 +51,36 @@ def act_or_refuse(request, act):
         return act(), ""
     except OperationRefused as exc:
         return None, str(exc)
+
+
+def confirm_or_act(model_admin, request, *, act, preview, back: str, done_url: str = "", done: str = "", **page):
+    """Every operator action's one flow: on a confirmed POST, `act(who=..., reason=...)` (a jobs.operations
+    call that writes the audit row), its message, and a redirect to `done_url` (else `back`); otherwise, or
+    when the action was refused (no reason ...), the confirmation page with `preview()` and the error.
+    `page` is the rest of confirm_page's wording (title, verb, hidden, back_label, pays_again ...)."""
+    error = ""
+    if confirmed(request):
+        entry, error = act_or_refuse(request, lambda: act(who=request.user.get_username(),
+                                                          reason=request.POST.get("reason", "")))
+        if entry is not None:
+            acted_message(model_admin, request, entry, done=done.format(entry=entry) if done else "")
+            return redirect(done_url or back)
+    return confirm_page(request, model_admin.admin_site, preview=preview(), back_url=back, reason_error=error, **page)
+
+
+def selection(request, action: str) -> tuple[bool, list[str], list[tuple[str, str]]]:
+    """What a list action posted: whether it is "select all" of the filter, the selected ids, and the
+    fields the confirmation posts back so the same action runs on the same rows."""
+    across = request.POST.get("select_across") == "1"
+    selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+    hidden = [("action", action), ("select_across", "1" if across else "0"), ("index", "0")]
+    return across, selected, hidden + [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
+
+
+def describe_filter(params) -> str:
+    """A list's filter as the audit row keeps it (status=paid, event=generation.failed, client=...)."""
+    return ", ".join(f"{name.removesuffix('__exact').removesuffix('__id')}={value}"
+                     for name, value in params.items() if name not in ("o", "p", "_changelist_filters"))
 
 
 def is_uuid(value) -> bool:

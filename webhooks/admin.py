@@ -6,13 +6,11 @@ import json
 import uuid
 
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models.functions import Length, Substr
 from django.http import Http404
-from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -38,21 +36,12 @@ def _search(queryset, term: str):
         return queryset.filter(id__startswith=term)
 
 
-def _describe(params) -> str:
-    """The list's filter as the audit row keeps it (event=generation.failed, client=...)."""
-    return ", ".join(f"{name.removesuffix('__exact').removesuffix('__id')}={value}"
-                     for name, value in params.items() if name not in ("o", "p", "_changelist_filters"))
-
-
 def _selection(request, action: str, noun: str) -> tuple[str, list]:
-    """What a list action posted (the selected rows, or "select all" of the filter) as the audit target,
-    and the fields the confirmation posts back so the same action runs on the same rows."""
-    across = request.POST.get("select_across") == "1"
-    selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
-    target = (f"{noun} matching {_describe(request.GET) or 'every row'}" if across
+    """What a list action posted, as the audit target, and the fields the confirmation posts back."""
+    across, selected, hidden = adminkit.selection(request, action)
+    target = (f"{noun} matching {adminkit.describe_filter(request.GET) or 'every row'}" if across
               else f"{noun}: ids={len(selected)} selected")
-    hidden = [("action", action), ("select_across", "1" if across else "0"), ("index", "0")]
-    return target, hidden + [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
+    return target, hidden
 
 
 class DeliveryAttemptInline(admin.TabularInline):
@@ -76,20 +65,13 @@ class DeliveryAdmin(admin.ModelAdmin):
     def replay(self, request, queryset):
         queryset = queryset.select_related(None)  # the replay reads ids only
         target, hidden = _selection(request, "replay", "deliveries")
-        back = request.get_full_path()
-        error = ""
-        if adminkit.confirmed(request):
-            entry, error = adminkit.act_or_refuse(request, lambda: operations.deliveries_replay_rows(
-                deliveries=queryset, target=target, who=request.user.get_username(), via="admin",
-                reason=request.POST.get("reason", "")))
-            if entry is not None:
-                adminkit.acted_message(self, request, entry,
-                                       done=f"{entry.acted} of {entry.matched} deliveries sent again")
-                return redirect(back)
-        return adminkit.confirm_page(
-            request, self.admin_site, title="Replay deliveries", verb="replay",
-            preview=operations.deliveries_preview(deliveries=queryset, target=target), hidden=hidden,
-            back_url=back, back_label="Deliveries", reason_error=error, nothing_paid=NOTHING_PAID)
+        return adminkit.confirm_or_act(
+            self, request, back=request.get_full_path(), done="{entry.acted} of {entry.matched} deliveries sent again",
+            act=lambda **who_and_reason: operations.deliveries_replay_rows(deliveries=queryset, target=target,
+                                                                           via="admin", **who_and_reason),
+            preview=lambda: operations.deliveries_preview(deliveries=queryset, target=target),
+            title="Replay deliveries", verb="replay", hidden=hidden, back_label="Deliveries",
+            nothing_paid=NOTHING_PAID)
 
 
 # --- dead letters ---------------------------------------------------------------------------------------
@@ -201,7 +183,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
         query = request.GET.urlencode()
         back = reverse("admin:webhooks_deadletter_changelist") + (f"?{query}" if query else "")
         return self._confirm_and_replay(request, letters,
-                                        f"dead letters matching {_describe(request.GET) or 'every row'}",
+                                        f"dead letters matching {adminkit.describe_filter(request.GET) or 'every row'}",
                                         hidden=[], back=back)
 
     @admin.action(description="Replay the selected dead letters…")
@@ -211,18 +193,12 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def _confirm_and_replay(self, request, letters, target, *, hidden, back, done=""):
         letters = letters.select_related(None)  # the list's join of the client: the replay reads ids only
-        error = ""
-        if adminkit.confirmed(request):
-            entry, error = adminkit.act_or_refuse(request, lambda: operations.dead_letters_replay(
-                deliveries=letters, target=target, who=request.user.get_username(), via="admin",
-                reason=request.POST.get("reason", "")))
-            if entry is not None:
-                adminkit.acted_message(self, request, entry)
-                return redirect(done or back)
-        return adminkit.confirm_page(
-            request, self.admin_site, title="Replay dead letters", verb="replay",
-            preview=operations.dead_letters_preview(deliveries=letters, target=target), hidden=hidden,
-            back_url=back, back_label="Dead letters", reason_error=error,
+        return adminkit.confirm_or_act(
+            self, request, back=back, done_url=done,
+            act=lambda **who_and_reason: operations.dead_letters_replay(deliveries=letters, target=target,
+                                                                        via="admin", **who_and_reason),
+            preview=lambda: operations.dead_letters_preview(deliveries=letters, target=target),
+            title="Replay dead letters", verb="replay", hidden=hidden, back_label="Dead letters",
             skipped_why="not dead: delivered, or already being sent again", nothing_paid=NOTHING_PAID)
 
 
