@@ -245,6 +245,10 @@ STORE_RETRY_WINDOW_S = env_float("STORE_RETRY_WINDOW_S", 600.0, minimum=1.0)
 # job's policy.window_s nor the provider sets a window. Past it the attempt is cancelled upstream where
 # the provider can and ends window_expired.
 WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 3600.0, minimum=1.0)
+# How long the sandbox remembers a request_id (unset: for ever, as it does by default). The sandbox
+# server and payonce's sandbox adapter read the same variable, so a test or a demo of a key that expires
+# sees both sides agree: past it, an attempt whose outcome is unknown is uncertain, never resent.
+SANDBOX_KEY_TTL_S = env_float("SANDBOX_KEY_TTL_S", 0.0, minimum=0.0) or None
 
 # Reports (DESIGN.md, section 7).
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)

@@ -27,7 +27,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -418,21 +418,45 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     # execution (a callback's and a poll's passes meet here) has already decided and is paying: deciding
     # again from `last` would count that attempt as a try, call the model exhausted, and fail the job
     # with the other attempt out and charged (the storm found exactly that). This one steps back.
+    # A try is an attempt (its unknown outcomes resent under one key are not tries); a paid failure is an
+    # attempt the provider accepted (charged, or maybe charged) that then failed.
+    paid = Q(accepted_at__isnull=False) | Q(cost_usd__isnull=False)
+    earlier = Q(step=last.step, number__lte=last.number)
     counts = Attempt.objects.filter(job=job, run=job.run).aggregate(
-        tries=Sum("sends", filter=Q(provider=last.provider, model=last.model, number__lte=last.number)),
+        tries=Count("id", filter=earlier & Q(provider=last.provider, model=last.model)),
+        paid_failures=Count("id", filter=earlier & Q(state=AttemptState.FAILED) & paid),
         newer=Count("id", filter=Q(step=last.step, number__gt=last.number)))
     if counts["newer"]:
         raise StepRetry(f"attempt {last.number} was followed by another execution's attempt", countdown=0.2)
-    tries = counts["tries"] or 0
+    last_paid = last.accepted_at is not None or last.cost_usd is not None
     retry_in = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
     decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
-                                   error_class=last.error_class, tries_on_model=tries, retry_in_s=retry_in)
+                                   error_class=last.error_class, tries_on_model=counts["tries"], retry_in_s=retry_in,
+                                   paid=last_paid, paid_failures=counts["paid_failures"])
+    if isinstance(decided, policy.Over) and decided.code == policy.PAID_ATTEMPT_FAILED:
+        raise _paid_attempt_failed(job, last)
     if isinstance(decided, policy.Over):
         details = {"attempt": last.number}
         if decided.code not in policy.STOP_CODES.values():
             details["model"] = last.model_name
         raise JobFailure(decided.code, last.error or last.error_class or ErrorClass.SERVER_ERROR, **details)
     return decided.model, decided.wait_s
+
+
+def _paid_attempt_failed(job, last: Attempt) -> JobFailure:
+    """The run ends at a paid failure: going on would pay again, which only policy.paid_retries or a person
+    decides. The error names the attempt, what it cost and the provider's own words."""
+    cost = f"${last.cost_usd}" if last.cost_usd is not None else "an unpriced amount"
+    allowed = job.policy.get("paid_retries", policy.DEFAULT_PAID_RETRIES)
+    words = last.error or last.error_class or "it failed upstream"
+    return JobFailure(
+        policy.PAID_ATTEMPT_FAILED,
+        f"Attempt {last.number} on {last.model_name} was accepted and paid ({cost}), then failed: {words}. "
+        f"The job's policy allows {allowed} paid retr{'y' if allowed == 1 else 'ies'} in a run; "
+        "POST /v1/jobs/{id}/retry pays again under a new key.",
+        attempt=last.number, model=last.model_name, upstream_key=last.upstream_key,
+        cost_usd=str(last.cost_usd) if last.cost_usd is not None else None, provider_error=last.error,
+    )
 
 
 # --- the calls ---------------------------------------------------------------------------------------
@@ -603,9 +627,12 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
         # giving the attempt up `failed` after N unanswered sends released money that may be spent and
         # let the runner pay another attempt for the same work (the storm found both: a charge the
         # attempt did not record, and a second charge after a person's retry). Only an outcome known not
-        # to have been paid lets the runner go on (DESIGN 3). It is resent until WAIT_DEADLINE_S after
-        # its intent; a provider that stays unreachable that long leaves it uncertain, for a person.
-        if (timezone.now() - attempt.created_at).total_seconds() >= settings.WAIT_DEADLINE_S:
+        # to have been paid lets the runner go on. Keys have a lifetime: within the provider's
+        # key_ttl_s the key goes out again after every recovery, however long the outage (WAIT_DEADLINE_S
+        # bounds the wait for an accepted render, not a key); once the key may have been forgotten, a
+        # resend could make and bill the work again, so the attempt is uncertain and a person decides.
+        age_s = (timezone.now() - attempt.created_at).total_seconds()
+        if policy.key_may_have_expired(age_s=age_s, ttl_s=caps.key_ttl_s, in_flight_s=_in_flight_s()):
             _uncertain(job, attempt, spec)
             return
         _send_again(job, attempt, resend, bounded=False)
@@ -628,7 +655,7 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
         # 5xx), or it went out longer ago than a send may take. Before that, a send held in flight (a
         # slow provider, a worker killed mid-call) may still be accepted, and charged, after this
         # lookup: a resend now would pay for the same work twice.
-        in_flight_s = settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
+        in_flight_s = _in_flight_s()
         since_s = (timezone.now() - attempt.submitted_at).total_seconds() if attempt.submitted_at else in_flight_s
         if attempt.last_status is None and since_s < in_flight_s:
             raise StepRetry(f"not found upstream yet; its last send may still land for {in_flight_s - since_s:.0f} s",
@@ -637,6 +664,11 @@ def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
         _send_again(job, attempt, resend, f"not accepted after {attempt.sends} sends")
         return
     _uncertain(job, attempt, spec)
+
+
+def _in_flight_s() -> float:
+    """The longest a media send may take to reach the provider and be answered."""
+    return settings.PROVIDER_CONNECT_TIMEOUT_S + settings.PROVIDER_READ_TIMEOUT_S
 
 
 def _sends_allowed(job) -> int:
@@ -711,21 +743,21 @@ def _answered_accepted(attempt: Attempt, submission, started: float | None) -> N
 
 
 def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: float) -> None:
-    if exc.outcome_unknown:
-        # Record what happened, and whether the provider answered at all (`last_status`); keep the
-        # attempt `submitting`: resolve it by capability (a keyed or a proven-absent attempt goes out
-        # again under the same key, after a back-off).
-        if _update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
-                   last_status=exc.status):
-            _resolve(job, attempt, resend=False)
-        return
-    if attempt.sends > 1 and spec.capabilities.idempotency_key:
-        # A resend of a key whose earlier send went unanswered: that send may have been accepted, and
-        # charged. This "no" answers the resend only (the storm found a 429 here ending the attempt as
-        # unpaid, its money released, with a charge in the ledger). So the key goes out again, later, as
-        # after any unknown outcome: a provider that has the work returns it, one that does not says no
-        # again, and only WAIT_DEADLINE_S makes it uncertain. Making it uncertain at once sent it to a
-        # person, whose retry paid the same render twice under a new key (the storm found that too).
+    """A send that was not accepted: which kind of failure it is (executor.policy.failure_kind) decides.
+
+    - unknown (no answer, a 5xx the adapter does not declare unpaid, or any answer on a pinned key):
+      the attempt stays `submitting`, with what happened and whether the provider answered at all
+      (`last_status`), and is resolved by capability: a keyed or a proven-absent attempt goes out again
+      under the same key, after a back-off. Never a try.
+    - unpaid (a refusal, a 429, a 5xx the provider documents as "not accepted, not charged", or a
+      connection that never opened): a definite end, its reservation released, and the attempt runner
+      decides what comes next (the same model after a back-off, or the next by fallback_on). So a keyed
+      provider whose every send is answered 503 lets the chain fall back instead of holding the job.
+    """
+    kind = policy.failure_kind(accepted=False, outcome_unknown=exc.outcome_unknown,
+                               answered_unpaid=spec.capabilities.answered_unpaid(exc.status),
+                               key_pinned=_key_pinned(attempt, spec))
+    if kind is policy.Failure.UNKNOWN:
         if _update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
                    last_status=exc.status):
             _resolve(job, attempt, resend=False)
@@ -733,6 +765,16 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
     retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(attempt.sends, exc.retry_after))
     _end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=RELEASE, error_class=exc.kind, error=exc.message,
          retry_at=retry_at, last_status=exc.status, duration_ms=int((time.monotonic() - started) * 1000))
+
+
+def _key_pinned(attempt: Attempt, spec) -> bool:
+    """A keyed attempt sent more than once: every resend of a key follows a send whose outcome is unknown
+    (an answered "not accepted" ends the attempt instead), so that earlier send may have been accepted,
+    and charged. Whatever a later send is told then speaks for that send only: the key keeps going out,
+    and nothing falls back (no second provider is paid for work the first may be doing). The storm found
+    both halves: a 429 on a resend ending the attempt as unpaid with a charge in the ledger, and the
+    attempt sent to a person whose retry paid the same render twice under a new key."""
+    return spec.capabilities.idempotency_key and attempt.sends > 1
 
 
 def _upload_inputs(job, spec) -> list[str]:

@@ -85,5 +85,14 @@ class Attempt(models.Model):
         return f"{self.upstream_key} {self.provider}/{self.model} ({self.state})"
 
     @property
+    def paid(self) -> str:
+        """`yes`, `no` or `unknown`, as the API shows it (executor.selectors.PAID_SQL is the same rule in SQL)."""
+        if self.accepted_at is not None or self.cost_usd is not None:
+            return "yes"
+        if self.state == AttemptState.UNCERTAIN or (self.state == AttemptState.SUBMITTING and self.sends > 0):
+            return "unknown"
+        return "no"
+
+    @property
     def model_name(self) -> str:
         return f"{self.provider}/{self.model}"

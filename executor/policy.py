@@ -1,10 +1,12 @@
-"""The attempt runner's decisions, as tables and pure functions (DESIGN.md, section 3): what an attempt's
-error class means for the chain, how long to wait before the next try, how long an attempt may be
-waited on. No database and no network here: executor.attempts reads the record and acts on what these
-say, and tests/test_policy.py checks them row by row.
+"""The attempt runner's decisions, as tables and pure functions (DESIGN.md, section 3): which of the
+three kinds of failure an ended send is, what an attempt's error class means for the chain, how long to
+wait before the next try, how long an attempt may be waited on and its key lives. No database and no
+network here: executor.attempts reads the record and acts on what these say, and tests/test_policy.py
+checks them row by row.
 """
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from config.retry import backoff_s
 from executor.providers.base import ErrorClass
@@ -33,11 +35,58 @@ MOVE_ON = {
     ErrorClass.WINDOW_EXPIRED: ("window_expired", "WINDOW_EXPIRED"),
 }
 DEFAULT_ATTEMPTS_PER_MODEL = 3
+# How often a run may pay again automatically after a paid attempt failed, when the policy does not say.
+DEFAULT_PAID_RETRIES = 0
+PAID_ATTEMPT_FAILED = "PAID_ATTEMPT_FAILED"
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 RETRY_AFTER_MAX_S = 300.0
 # Polls that fail back off from the poll interval up to this, inside the attempt's deadline.
 POLL_BACKOFF_MAX_S = 60.0
+
+
+class Failure(StrEnum):
+    """The three kinds of failure: the rule behind the name. Only the first lets the attempt runner try
+    again on its own; nothing automatic ever pays twice for the same work."""
+
+    UNPAID = "unpaid"  # the provider said no before accepting: tried again under attempts_per_model, fallback_on
+    UNKNOWN = "unknown"  # nobody knows: resolved by capability (same key, lookup, or a person), never a try
+    PAID = "paid"  # accepted, then failed: paid again only under policy.paid_retries, or by a person's retry
+
+
+def failure_kind(*, accepted: bool, outcome_unknown: bool = False, answered_unpaid: bool = False,
+                 key_pinned: bool = False) -> Failure:
+    """Which kind of failure an ended send (or attempt) is. The rows, first match wins:
+
+    | what happened                                                       | kind    |
+    | ------------------------------------------------------------------- | ------- |
+    | accepted, then failed (a failed render, an expired window, a paid refusal) | paid |
+    | any answer to a resend of a key one of whose earlier sends went unanswered | unknown |
+    | an answer the adapter declares unpaid (a 4xx refusal, a 429, a declared 5xx) | unpaid |
+    | no answer, a lost reply, a 5xx not declared unpaid                  | unknown |
+    | any other answer (a refusal, a connection that never opened)        | unpaid  |
+
+    `key_pinned`: the key went out before and that send's outcome is unknown, so the provider may be
+    doing (and billing) the work: whatever this send is told speaks for this send only.
+    """
+    if accepted:
+        return Failure.PAID
+    if key_pinned:
+        return Failure.UNKNOWN
+    if answered_unpaid:
+        return Failure.UNPAID
+    if outcome_unknown:
+        return Failure.UNKNOWN
+    return Failure.UNPAID
+
+
+def key_may_have_expired(*, age_s: float, ttl_s: float | None, in_flight_s: float) -> bool:
+    """Whether a resend of a key first sent `age_s` ago could reach a provider that has forgotten it (and
+    so make, and bill, the work a second time). `ttl_s` None: the provider remembers keys for ever. A
+    send takes up to `in_flight_s` to arrive, so the margin is that long (at most a tenth of the TTL)."""
+    if ttl_s is None:
+        return False
+    return age_s >= ttl_s - min(in_flight_s, ttl_s / 10)
 
 
 @dataclass(frozen=True)
@@ -56,14 +105,26 @@ class Over:
 
 
 def after_attempt(*, chain: list[str], policy: dict, model: str, error_class: str | None, tries_on_model: int,
-                  retry_in_s: float = 0.0) -> Next | Over:
-    """What follows an attempt on `model` that ended without success (DESIGN.md's attempt-runner table).
+                  retry_in_s: float = 0.0, paid: bool = False, paid_failures: int = 0) -> Next | Over:
+    """What follows an attempt on `model` that ended without success (the attempt-runner table).
 
-    `tries_on_model`: how often this run has sent to `model` so far; `retry_in_s`: how long the ended
-    attempt asked to wait before another try (its back-off, or the provider's Retry-After)."""
+    `tries_on_model`: how many attempts of this run went to `model` so far; `retry_in_s`: how long the
+    ended attempt asked to wait before another try (its back-off, or the provider's Retry-After). `paid`:
+    the ended attempt was accepted (so charged, or maybe charged); `paid_failures`: how many attempts of
+    this run were, this one included. Another attempt after a paid one pays again: only while
+    policy.paid_retries allows it, else the run ends PAID_ATTEMPT_FAILED (a person may retry)."""
     cls = error_class or ErrorClass.SERVER_ERROR
     if cls in STOP_CODES:
         return Over(STOP_CODES[cls])
+    decided = _chain_next(chain=chain, policy=policy, model=model, cls=cls, tries_on_model=tries_on_model,
+                          retry_in_s=retry_in_s)
+    if paid and isinstance(decided, Next) and paid_failures > policy.get("paid_retries", DEFAULT_PAID_RETRIES):
+        return Over(PAID_ATTEMPT_FAILED)
+    return decided
+
+
+def _chain_next(*, chain: list[str], policy: dict, model: str, cls: str, tries_on_model: int,
+                retry_in_s: float) -> Next | Over:
     if cls in RETRY_SAME_MODEL and tries_on_model < policy.get("attempts_per_model", DEFAULT_ATTEMPTS_PER_MODEL):
         return Next(model, max(retry_in_s, 0.0))
     reason, code = MOVE_ON.get(cls, ("exhausted", "ATTEMPTS_EXHAUSTED"))

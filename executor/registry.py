@@ -31,15 +31,26 @@ class ModelSpec:
         return "report" if self.kind == "text" else "media"
 
 
+# The sandbox answers every status_* fault before accepting anything (it never charges for one), and it
+# remembers a request_id for ever unless SANDBOX_KEY_TTL_S tells it (and payonce) otherwise.
+_SANDBOX_UNPAID = frozenset({429, 500, 503})
 _SANDBOX = {
     "video-keyed": ("video", "video/mp4", "mp4",
-                    Capabilities(idempotency_key=True, lookup=False, asynchronous=True, cancel=True)),
+                    dict(idempotency_key=True, lookup=False, asynchronous=True, cancel=True)),
     "image-lookup": ("image", "image/png", "png",
-                     Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=False)),
+                     dict(idempotency_key=False, lookup=True, asynchronous=True, cancel=False)),
     "image-blind": ("image", "image/png", "png",
-                    Capabilities(idempotency_key=False, lookup=False, asynchronous=True, cancel=False)),
-    "llm": ("text", "text/markdown", "md", CHEAP_LLM),
+                    dict(idempotency_key=False, lookup=False, asynchronous=True, cancel=False)),
+    "llm": ("text", "text/markdown", "md", None),
 }
+
+
+def _sandbox_capabilities(declared: dict | None) -> Capabilities:
+    from django.conf import settings
+
+    if declared is None:
+        return CHEAP_LLM
+    return Capabilities(**declared, unpaid_statuses=_SANDBOX_UNPAID, key_ttl_s=settings.SANDBOX_KEY_TTL_S)
 # Every content type a job's output can have (GET /v1/jobs/{id}/output).
 OUTPUT_CONTENT_TYPES = ("video/mp4", "image/png", "application/octet-stream")
 _REPLICATE_MODEL = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?$")
@@ -50,7 +61,8 @@ _OPENAI_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
 def model_spec(name: str) -> ModelSpec | None:
     provider, _, model = name.partition("/")
     if provider == "sandbox" and model in _SANDBOX:
-        return ModelSpec(provider, model, *_SANDBOX[model])
+        kind, content_type, extension, declared = _SANDBOX[model]
+        return ModelSpec(provider, model, kind, content_type, extension, _sandbox_capabilities(declared))
     if provider == "anthropic" and re.fullmatch(r"claude-[a-z0-9.-]{1,80}", model):
         from executor.providers.anthropic import CAPABILITIES
 

@@ -6,13 +6,20 @@ from django.db import connection
 
 from executor.models import AttemptState
 
+# Whether an attempt was paid, as the API says it (`paid`; Attempt.paid is the same rule in Python): `yes` once the provider accepted it or it
+# records a cost, `unknown` while a send's outcome is unknown (uncertain, or submitting after a send),
+# `no` for an attempt the provider refused before accepting, or that never went out.
+PAID_SQL = f"""CASE WHEN a.accepted_at IS NOT NULL OR a.cost_usd IS NOT NULL THEN 'yes'
+    WHEN a.state = '{AttemptState.UNCERTAIN}' OR (a.state = '{AttemptState.SUBMITTING}' AND a.sends > 0) THEN 'unknown'
+    ELSE 'no' END"""
+
 # A job's attempts, API-shaped, as one JSON value: a subquery other reads embed (`%s` is the job id
 # column or a parameter), so a job and its attempts come back in one statement.
 ATTEMPTS_JSON_SQL = f"""
 (SELECT coalesce(json_agg(json_build_object(
         'number', a.number, 'step', a.step, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
         'state', a.state, 'error_class', a.error_class, 'error', a.error, 'duration_ms', a.duration_ms,
-        'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage,
+        'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage, 'paid', {PAID_SQL},
         'maybe_paid', a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))
         ORDER BY a.number), '[]'::json)
    FROM executor_attempt a WHERE a.job_id = {{job}})

@@ -80,9 +80,18 @@ class PolicySerializer(StrictSerializer):
 
     # A per-attempt window (seconds) tighter than the provider's own: past it, no retry of that model.
     window_s = serializers.FloatField(required=False, min_value=1, max_value=86400)
+    # How often a run may pay again on its own after a paid attempt failed (absent: 0, so a failed render
+    # that was charged ends the job PAID_ATTEMPT_FAILED and only a person's retry pays again). Absent
+    # rather than defaulted, so the stored body, and with it an Idempotency-Key's hash, is what it was.
+    paid_retries = StrictIntegerField(required=False, min_value=0, max_value=10)
 
     def validate_fallback_on(self, value):
         return sorted(set(value), key=FALLBACK_REASONS.index)
+
+    def validate(self, attrs):
+        if attrs.get("paid_retries", 0) > attrs["attempts_per_model"]:
+            raise serializers.ValidationError({"paid_retries": ["At most attempts_per_model."]})
+        return attrs
 
     def to_internal_value(self, data):
         window = data.get("window_s") if isinstance(data, dict) else None
@@ -275,6 +284,10 @@ class AttemptSerializer(serializers.Serializer):
     cost_usd = serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True)
     cost_source = serializers.CharField(allow_null=True)
     usage = serializers.JSONField(allow_null=True)
+    paid = serializers.ChoiceField(
+        choices=["yes", "no", "unknown"],
+        help_text="yes: the provider accepted it (and charged); no: refused before accepting, or never sent; "
+                  "unknown: a send's outcome nobody knows (a person decides)")
 
 
 def _iso(value) -> str | None:

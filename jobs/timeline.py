@@ -105,7 +105,7 @@ def _attempts(rows: list[Attempt]) -> list[Entry]:
                                  [("upstream id", attempt.upstream_id or "—"), ("sends", attempt.sends)]))
         ended = attempt.finished_at or (attempt.submitted_at if attempt.state == "uncertain" else None)
         if ended or attempt.state in ("failed", "succeeded", "uncertain"):
-            facts = [("upstream key", attempt.upstream_key), ("state", attempt.state),
+            facts = [("upstream key", attempt.upstream_key), ("state", attempt.state), ("paid", attempt.paid),
                      ("error class", attempt.error_class or "—"), ("sends", attempt.sends),
                      ("last HTTP status", attempt.last_status or "—"), ("usage", attempt.usage or "—"),
                      ("cost", "unpriced" if attempt.cost_usd is None else f"${attempt.cost_usd}"),

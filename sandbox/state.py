@@ -25,6 +25,13 @@ INPUTS_DIR = "inputs"
 ID_PREFIXES = {"gen": "gen", "ch": "ch", "inp": "inp", "msg": "msg", "flt": "flt"}
 
 
+
+def _key_expired(gen: dict) -> bool:
+    """SANDBOX_KEY_TTL_S (unset: never): how long a request_id is remembered, as a real provider's key
+    lives for a day or so. Past it, a repeat of the key is a new generation."""
+    ttl = float(os.environ.get("SANDBOX_KEY_TTL_S") or 0)
+    return ttl > 0 and time.time() - gen["created_at"] >= ttl
+
 class IdempotencyConflict(Exception):
     """A keyed model saw a request_id again with a different prompt or params."""
 
@@ -147,7 +154,9 @@ class State:
             self.generations[gen["id"]] = gen
             self._bump("gen", gen["id"])
             if gen["request_id"] is not None and catalog.MODELS[gen["model"]].idempotency_key:
-                self.keyed.setdefault((gen["model"], gen["request_id"]), gen["id"])
+                # The newest generation of the key: a repeat within its lifetime makes none, so this is
+                # the first one unless the key had expired (SANDBOX_KEY_TTL_S).
+                self.keyed[(gen["model"], gen["request_id"])] = gen["id"]
             self._add_charge(event["charge"])
         elif kind == "message":
             self._bump("msg", event["charge"]["generation_id"])
@@ -275,6 +284,8 @@ class State:
         with self.lock:
             if model.idempotency_key and request_id is not None:
                 existing_id = self.keyed.get((model.id, request_id))
+                if existing_id is not None and _key_expired(self.generations[existing_id]):
+                    existing_id = None  # forgotten: the key makes (and charges for) new work
                 if existing_id is not None:
                     existing = self.generations[existing_id]
                     same = (

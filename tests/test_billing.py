@@ -248,14 +248,26 @@ def reservations(job) -> list[tuple]:
     return list(Reservation.objects.filter(job=job).order_by("key").values_list("state", "amount", "spent", "unpriced"))
 
 
-def test_a_keyed_resend_after_a_5xx_reserves_once_and_settles_the_quote(ledger, db):
+def test_a_keyed_resend_after_a_lost_answer_reserves_once_and_settles_the_quote(ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client, input={"prompt": "resent", "render_s": 0})
-    ledger.faults([{"model": "video-keyed", "action": "status_503"}])
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}])
     run_media(job)
     job.refresh_from_db()
     assert job.status == "succeeded"
     assert reservations(job) == [("settled", D("0.40"), D("0.40"), False)]
+    assert (month_row(client).spent, month_row(client).reserved) == (D("0.40"), D("0"))
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_503_declared_unpaid_releases_its_reservation_and_the_next_attempt_settles(ledger, db):
+    client = client_with_cap("1.00")
+    job = job_of(client, input={"prompt": "refused then paid", "render_s": 0})
+    ledger.faults([{"model": "video-keyed", "action": "status_503"}])
+    run_media(job)
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert reservations(job) == [("released", D("0.40"), None, False), ("settled", D("0.40"), D("0.40"), False)]
     assert (month_row(client).spent, month_row(client).reserved) == (D("0.40"), D("0"))
     assert len(assert_books_balance(ledger)) == 1
 

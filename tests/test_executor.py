@@ -3,7 +3,7 @@ spent. Every test reads the sandbox's ledger and checks that the books balance."
 
 import base64
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import requests
@@ -44,16 +44,57 @@ def run_job(api, ledger, body, key="x"):
 # --- unknown outcomes: resolved by what the provider can do ---------------------------------------------
 
 
-def test_503_on_submit_resends_the_same_key_and_pays_once(jobs_worker, ledger, api):
+def test_a_503_the_provider_declares_unpaid_ends_the_attempt_and_the_next_goes_out_under_key_2(
+        jobs_worker, ledger, api):
+    # The sandbox answers every status_* fault before accepting anything: a definite "no", a try, and the
+    # next attempt under a new key (nothing was paid, so nothing is paid twice).
     ledger.faults([{"model": "video-keyed", "action": "status_503"}])
     job = run_job(api, ledger, media_body())
 
     assert job["status"] == "succeeded", job
     sent = submits(ledger, job["id"])
-    assert [c["request_id"] for c in sent] == [f"payonce-{job['id']}-1"] * 2
-    assert [c["status"] for c in sent] == [503, 202]
-    [attempt] = attempts(job["id"])
-    assert (attempt.number, attempt.sends, attempt.state) == (1, 2, "succeeded")
+    assert [(c["request_id"], c["status"]) for c in sent] == [
+        (f"payonce-{job['id']}-1", 503), (f"payonce-{job['id']}-2", 202)]
+    assert [(a["number"], a["state"], a["error_class"], a["paid"]) for a in job["attempts"]] == [
+        (1, "failed", "server_error", "no"), (2, "succeeded", None, "yes")]
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_keyed_model_answering_503_to_every_send_falls_back_after_attempts_per_model_tries(jobs_worker, ledger, api):
+    # Issue 21, finding 2: a keyed provider that is down held every job for an hour, resending the same
+    # key, with a fallback model in the chain. Every send answered 503 is unpaid: the chain moves on.
+    ledger.faults([{"model": "video-keyed", "action": "status_503", "times": 50}])
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
+    job = run_job(api, ledger, body)
+
+    assert job["status"] == "succeeded", job
+    assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [
+        (1, "video-keyed", "failed", "no"), (2, "video-keyed", "failed", "no"), (3, "video-keyed", "failed", "no"),
+        (4, "image-lookup", "succeeded", "yes")]
+    assert [c["status"] for c in submits(ledger, job["id"]) if c["model"] == "video-keyed"] == [503] * 3
+    charges = assert_books_balance(ledger)
+    assert [(c["model"], c["metadata"]["upstream_key"]) for c in charges] == [  # the only charge
+        ("image-lookup", f"payonce-{job['id']}-4")]
+
+
+def test_an_unanswered_send_pins_the_key_so_later_503s_never_fall_back(jobs_worker, ledger, api):
+    # The first send was accepted (charged) and its answer lost: whatever the resends of that key are told
+    # speaks for the resend only. The key keeps going out; the fallback model, which would paid for the
+    # same work a second time, is never called.
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"},
+                   {"model": "video-keyed", "action": "status_503", "times": 3}])
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
+    job = run_job(api, ledger, body)
+
+    assert job["status"] == "succeeded", job
+    assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [
+        (1, "video-keyed", "succeeded", "yes")]
+    sent = submits(ledger, job["id"])
+    assert {c["request_id"] for c in sent} == {f"payonce-{job['id']}-1"}
+    assert [c["status"] for c in sent] == [None, 503, 503, 503, 202]  # the last one returns the first render
+    assert all(c["model"] == "video-keyed" for c in sent)  # no charge, and no call, on the fallback model
     assert len(assert_books_balance(ledger)) == 1
 
 
@@ -83,13 +124,41 @@ def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_pai
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_uncertain_and_held(transactional_db, ledger, api):
+def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_still_resent_and_paid_once(transactional_db, ledger, api):
+    # WAIT_DEADLINE_S bounds the wait for an accepted render; it is not a key's lifetime. The sandbox
+    # remembers keys for ever, so the key goes out until it is answered.
+    from tests.conftest import purge_queue
+    from tests.support.procs import ProcfileProcess
+
+    purge_queue(settings.CELERY_BROKER_URL, "jobs")
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "WAIT_DEADLINE_S": 2,
+                                            "RETRY_BACKOFF_MAX_S": 1}).start()
+    try:
+        ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 5}])
+        body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                          policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
+        job = run_job(api, ledger, body)
+    finally:
+        worker.stop()
+
+    assert job["status"] == "succeeded", job
+    first = Attempt.objects.get(job_id=job["id"], number=1)
+    assert (first.finished_at - first.created_at).total_seconds() > 2  # answered past the deadline
+    assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", "succeeded")]
+    assert [c["request_id"] for c in submits(ledger, job["id"])] == [f"payonce-{job['id']}-1"] * 6
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_keyed_attempt_unanswered_past_its_keys_lifetime_is_uncertain_and_held(transactional_db, ledger, api):
+    # Past key_ttl_s the provider may have forgotten the key: a resend could make (and bill) the render
+    # again. Not failed (the money may be spent), not the next model (that would pay twice): a person.
     from billing.models import Reservation
     from tests.conftest import purge_queue
     from tests.support.procs import ProcfileProcess
 
     purge_queue(settings.CELERY_BROKER_URL, "jobs")
-    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "WAIT_DEADLINE_S": 3}).start()
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "SANDBOX_KEY_TTL_S": 3,
+                                            "RETRY_BACKOFF_MAX_S": 1}).start()
     try:
         ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 50}])
         body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
@@ -98,10 +167,14 @@ def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_uncertain_and_held
     finally:
         worker.stop()
 
-    # Not failed (the money may be spent), not the next model (that would pay twice): a person decides.
     assert (job["status"], job["error"]["code"]) == ("waiting", "UNCERTAIN_SUBMIT"), job
-    assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", "uncertain")]
-    assert {c["request_id"] for c in submits(ledger, job["id"])} == {f"payonce-{job['id']}-1"}
+    assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [
+        (1, "video-keyed", "uncertain", "unknown")]
+    sent = submits(ledger, job["id"])
+    assert {c["request_id"] for c in sent} == {f"payonce-{job['id']}-1"}
+    first = Attempt.objects.get(job_id=job["id"], number=1)
+    ttl_ends = first.created_at + timedelta(seconds=3)
+    assert len(sent) >= 2 and all(datetime.fromisoformat(c["at"]) < ttl_ends for c in sent)  # none past the TTL
     assert len(assert_books_balance(ledger)) == 1  # the provider kept one render for the key, however often sent
     assert Reservation.objects.get(key=f"payonce-{job['id']}-1").state == "held"  # the money is not released
 
@@ -163,34 +236,80 @@ def test_crash_after_accept_on_a_blind_model_waits_for_a_person_with_one_charge(
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_lookup_model_proven_absent_is_sent_again_under_the_same_key_and_paid_once(jobs_worker, ledger, api):
-    # A 503 is an answer: nothing of that send is still on its way, so "not found" proves it absent.
+def test_a_503_on_a_lookup_model_is_a_definite_no_and_the_next_attempt_needs_no_lookup(jobs_worker, ledger, api):
+    # The sandbox declares its 503 unpaid: nothing of that send is on its way or accepted, so there is
+    # nothing to look up (a 5xx an adapter does not declare is looked up first: test_money_invariants).
     ledger.faults([{"model": "image-lookup", "action": "status_503"}])
     job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
 
     assert job["status"] == "succeeded", job
-    sent = submits(ledger, job["id"])
-    assert [c["status"] for c in sent] == [503, 202]
-    assert {c["metadata"]["upstream_key"] for c in sent} == {f"payonce-{job['id']}-1"}
-    kinds = [c["kind"] for c in ledger.calls() if c["kind"] in ("submit", "lookup")]
-    assert kinds[0] == kinds[-1] == "submit" and set(kinds[1:-1]) == {"lookup"}  # looked up before paying again
-    [attempt] = attempts(job["id"])
-    assert (attempt.number, attempt.sends, attempt.state) == (1, 2, "succeeded")
+    assert [c["status"] for c in submits(ledger, job["id"])] == [503, 202]
+    assert [c for c in ledger.calls() if c["kind"] == "lookup"] == []
+    assert [(a["number"], a["state"], a["paid"]) for a in job["attempts"]] == [(1, "failed", "no"), (2, "succeeded", "yes")]
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_render_paid_then_failed_upstream_is_recorded_with_its_cost_and_the_next_goes_out_under_key_2(
-        jobs_worker, ledger, api):
+MEDIA_MODELS = ["sandbox/video-keyed", "sandbox/image-lookup", "sandbox/image-blind"]
+
+
+def retry_and_wait(api, job_id: str, run: int) -> dict:
+    retried = api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers())
+    assert retried.status_code == 202, retried.content
+    return wait_until(lambda: (j := api.job(job_id))["run"] == run and j["status"] in ENDED and j,
+                      message=f"run {run} ended")
+
+
+@pytest.mark.parametrize("model", MEDIA_MODELS)
+def test_a_render_paid_then_failed_is_not_paid_again_automatically(jobs_worker, ledger, api, model):
+    # Issue 21, finding 1: a fail_render was paid up to 3 times by the attempt runner, and a person's retry
+    # paid 3 more. A paid failure ends the run: only a person (or policy.paid_retries) pays again.
+    ledger.faults([{"model": model.split("/")[1], "action": "fail_render", "message": "the render crashed", "times": 5}])
+    body = media_body(models=[model, *[m for m in MEDIA_MODELS if m != model]],
+                      policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
+    job = run_job(api, ledger, body)
+
+    assert (job["status"], job["error"]["code"]) == ("failed", "PAID_ATTEMPT_FAILED"), job
+    [attempt] = job["attempts"]
+    assert (attempt["state"], attempt["paid"]) == ("failed", "yes")
+    price = attempt["cost_usd"]
+    assert job["error"]["attempt"] == 1 and job["error"]["cost_usd"] == price
+    assert "the render crashed" in job["error"]["message"] and job["error"]["provider_error"] == attempt["error"]
+    assert len(assert_books_balance(ledger)) == 1  # one charge, on the record with its cost
+
+    done = retry_and_wait(api, job["id"], run=2)  # a person's decision: exactly one more charge
+    assert (done["status"], done["error"]["code"]) == ("failed", "PAID_ATTEMPT_FAILED")
+    charges = assert_books_balance(ledger)
+    assert [c["metadata"]["upstream_key"] for c in charges] == [f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
+
+
+@pytest.mark.parametrize("model", MEDIA_MODELS)
+def test_paid_retries_allows_one_more_paid_attempt_in_the_run_and_no_more(jobs_worker, ledger, api, model):
+    ledger.faults([{"model": model.split("/")[1], "action": "fail_render", "message": "the render crashed", "times": 5}])
+    body = media_body(models=[model], policy={"attempts_per_model": 3, "fallback_on": [], "paid_retries": 1})
+    job = run_job(api, ledger, body)
+
+    assert (job["status"], job["error"]["code"]) == ("failed", "PAID_ATTEMPT_FAILED"), job
+    assert [(a["number"], a["state"], a["paid"]) for a in job["attempts"]] == [(1, "failed", "yes"), (2, "failed", "yes")]
+    assert job["error"]["attempt"] == 2
+    assert len(assert_books_balance(ledger)) == 2  # at most two charges in the run
+
+    retry_and_wait(api, job["id"], run=2)  # a person's retry: one more, then the run's own paid retry
+    charges = assert_books_balance(ledger)
+    assert len(charges) == 4 and [c["metadata"]["payonce_attempt"] for c in charges] == [1, 2, 3, 4]
+
+
+def test_a_paid_retry_goes_to_the_same_model_and_succeeds_with_both_renders_on_the_record(jobs_worker, ledger, api):
     ledger.faults([{"model": "video-keyed", "action": "fail_render", "message": "the render crashed"}])
-    job = run_job(api, ledger, media_body())
+    job = run_job(api, ledger, media_body(policy={"attempts_per_model": 3, "fallback_on": [], "paid_retries": 1}))
 
     assert job["status"] == "succeeded", job
     first, second = job["attempts"]
-    assert (first["state"], first["error_class"], first["cost_usd"]) == ("failed", "server_error", "0.400000")
+    assert (first["state"], first["error_class"], first["cost_usd"], first["paid"]) == (
+        "failed", "server_error", "0.400000", "yes")
     assert "the render crashed" in first["error"]
     assert (second["upstream_key"], second["state"]) == (f"payonce-{job['id']}-2", "succeeded")
     assert job["cost"]["total_usd"] == "0.800000"
-    assert len(assert_books_balance(ledger)) == 2  # both renders were paid, and both are on the record
+    assert len(assert_books_balance(ledger)) == 2  # both renders were paid (the rule allowed it), both on the record
 
 
 # --- definite answers ----------------------------------------------------------------------------------
@@ -244,7 +363,7 @@ def test_an_auth_error_stops_the_chain_at_once(jobs_worker, ledger, api):
 def test_an_expired_window_does_not_retry_the_same_model(jobs_worker, ledger, api, fallback):
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       input={"prompt": "a long render", "render_s": 30},
-                      policy={"attempts_per_model": 3, "window_s": 1,
+                      policy={"attempts_per_model": 3, "window_s": 1, "paid_retries": 1 if fallback else 0,
                               "fallback_on": ["window_expired"] if fallback else []})
     job = run_job(api, ledger, body)
 
@@ -324,10 +443,10 @@ def test_a_key_the_store_cannot_hold_ends_the_job_upload_failed_before_anything_
 
 
 def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker, ledger, api):
-    # A 429 (a definite end: a new attempt, which uploads the references again), then a 503 (unknown
-    # outcome: the same key again, so the same request, with the same inputs).
+    # A 429 (a definite end: a new attempt, which uploads the references again), then a lost answer
+    # (unknown outcome: the same key again, so the same request, with the same inputs).
     ledger.faults([{"model": "video-keyed", "action": "status_429", "seconds": 0.1},
-                   {"model": "video-keyed", "action": "status_503"}])
+                   {"model": "video-keyed", "action": "accept_then_drop"}])
     png = b"\x89PNG\r\n\x1a\n reference"
     body = media_body(input={"prompt": "in this style", "render_s": 0,
                              "references": [{"data": base64.b64encode(png).decode(), "content_type": "image/png"}]})

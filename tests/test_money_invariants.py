@@ -236,6 +236,45 @@ def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(ap
     assert len(assert_books_balance(ledger)) == 1
 
 
+# --- unknown outcomes: a 5xx the adapter does not declare unpaid -------------------------------------------
+
+
+def left_out_with_a_502(job, model: str) -> Attempt:
+    """The intent of `model`, sent once and answered 502 long ago (a proxy in front of the provider: a
+    status the sandbox does not declare unpaid, so that send may have reached it), left `submitting`."""
+    attempt = attempts._intend(job, model)
+    Attempt.objects.filter(id=attempt.id).update(last_status=502, error_class="server_error", error="Bad Gateway",
+                                                 submitted_at=timezone.now() - timedelta(minutes=5))
+    return attempt
+
+
+def test_an_undeclared_5xx_on_a_lookup_model_is_looked_up_and_sent_again_under_the_same_key(api, ledger):
+    job = new_job(api, models=("sandbox/image-lookup",))
+    attempt = left_out_with_a_502(job, "sandbox/image-lookup")
+
+    assert drive(job, "prepare")[-1] == workflow.Done()  # a render of 0 s: finished in the same pass
+
+    kinds = [c["kind"] for c in ledger.calls() if c["kind"] != "media"]  # "media": the output fetched
+    assert kinds == ["lookup", "submit"]  # looked up first: proven absent, then sent (the only send it had)
+    attempt.refresh_from_db()
+    assert (attempt.number, attempt.sends, attempt.state) == (1, 2, AttemptState.SUCCEEDED)
+    assert ledger.calls()[1]["metadata"]["upstream_key"] == f"payonce-{job.id}-1"
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_an_undeclared_5xx_on_a_keyed_model_sends_the_same_key_again(api, ledger):
+    job = new_job(api)
+    attempt = left_out_with_a_502(job, "sandbox/video-keyed")
+
+    assert drive(job, "prepare")[-1] == workflow.Done()
+
+    assert [(c["kind"], c["request_id"]) for c in ledger.calls() if c["kind"] != "media"] == [
+        ("submit", f"payonce-{job.id}-1")]
+    attempt.refresh_from_db()
+    assert (attempt.number, attempt.sends, attempt.state) == (1, 2, AttemptState.SUCCEEDED)
+    assert len(assert_books_balance(ledger)) == 1
+
+
 # --- a cancelled job's intents: never left holding money ---------------------------------------------------
 
 

@@ -11,6 +11,10 @@ from typing import Protocol
 from config.retry import parse_retry_after  # noqa: F401 (the adapters read Retry-After through here)
 
 
+# A key's lifetime where the provider documents none: a day (Stripe's, and the common choice).
+DEFAULT_KEY_TTL_S = 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class Capabilities:
     idempotency_key: bool  # accepts a caller-chosen request id and returns the same work for a repeat
@@ -21,12 +25,26 @@ class Capabilities:
     # With neither key nor lookup, an unknown outcome is held for a person by default. A provider of
     # cheap calls (LLM chapters) may instead resubmit automatically, under a new upstream key.
     resubmit_uncertain: bool = False
+    # The 5xx (and 408) answers the provider documents as "not accepted, not charged". Any other 4xx is
+    # a refusal before acceptance whatever the provider says; a 5xx not named here may have been
+    # accepted, so it is an unknown outcome (DESIGN.md, section 3: three kinds of failure).
+    unpaid_statuses: frozenset = frozenset()
+    # How long a keyed provider remembers an idempotency key, in seconds (None: for ever). Within it a
+    # resend is free and settles every unknown outcome; past it a resend may make (and bill) new work.
+    key_ttl_s: float | None = DEFAULT_KEY_TTL_S
+
+    def answered_unpaid(self, status: int | None) -> bool:
+        """Whether an HTTP answer with `status` says the provider accepted nothing and charged nothing."""
+        if status is None:
+            return False  # no answer at all: nobody knows
+        return (400 <= status < 500 and status != 408) or status in self.unpaid_statuses
 
 
 # An LLM call: synchronous, no key, no lookup, and cheap, so an unknown outcome is resubmitted under a
-# new key by rule instead of held for a person.
+# new key by rule instead of held for a person. Anthropic and OpenAI document 429, 500, 503 and 529
+# ("overloaded") as errors of a request that was not served, and charge nothing for them.
 CHEAP_LLM = Capabilities(idempotency_key=False, lookup=False, asynchronous=False, cancel=False,
-                         resubmit_uncertain=True)
+                         resubmit_uncertain=True, unpaid_statuses=frozenset({429, 500, 502, 503, 504, 529}))
 
 
 class ErrorClass:

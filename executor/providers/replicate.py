@@ -33,7 +33,10 @@ from executor.providers.base import (
     parse_retry_after,
 )
 
-CAPABILITIES = Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=True, window_s=1800.0)
+# Replicate documents 429 (and the other 4xx) as refusals; a 5xx may come after the prediction was
+# created, so it stays an unknown outcome (resolved by lookup).
+CAPABILITIES = Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=True, window_s=1800.0,
+                            unpaid_statuses=frozenset({429}))
 
 _STATUSES = {"starting": "running", "processing": "running", "succeeded": "succeeded", "failed": "failed",
              "canceled": "cancelled", "aborted": "failed"}
