@@ -3,6 +3,7 @@ and only the parameters every declaring model of its chain takes, so a typo such
 at submit, before any row or charge, instead of a default render paid for. A Replicate model, whose
 parameters payonce cannot know, passes any key through."""
 
+import json
 import re
 from pathlib import Path
 
@@ -172,3 +173,19 @@ def test_the_schema_says_which_parameters_the_sandbox_models_take(api):
     described = document["components"]["schemas"]["JobCreateRequest"]["properties"]["input"]["description"]
     assert "render_s, expected_s, fail_render, size_bytes" in described
     assert "Replicate" in described
+
+
+@pytest.mark.django_db(transaction=True)  # the manage.py process reads the client the test wrote
+def test_the_cli_submit_refuses_an_undeclared_parameter_as_the_api_does(api):
+    from tests.test_cli import manage
+
+    body = media_body(input={"prompt": "x", "rendr_s": 1})
+    answer = api.create(body, key="cli-typo")
+    done = manage("submit", "--model", "sandbox/video-keyed", "--input", '{"prompt": "x", "rendr_s": 1}',
+                  "--client", "acme", "--key", "cli-typo", "--json")
+
+    assert answer.status_code == 422
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    error = json.loads(done.stderr.strip().splitlines()[-1])
+    assert error == answer.json() and set(error["error"]["fields"]["input"]) == {"rendr_s"}
+    assert Job.objects.count() == 0
