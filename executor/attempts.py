@@ -40,7 +40,7 @@ from config.sql import update_sql, violated_constraint
 from executor import callbacks, policy, services
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
 from executor.providers.base import ErrorClass, ProviderError
-from executor.registry import model_spec
+from executor.registry import model_spec, provider_params
 from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
 from jobs.selectors import job_is_cancelled
 
@@ -502,7 +502,7 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
         # a wrong guess loses on attempt_job_number and the next pass reads the number.
         number, number_hint = number_hint or _next_number(job), None
         key = upstream_key(job, number)
-        params = {name: value for name, value in job.input.items() if name not in ("prompt", "references")}
+        params = provider_params(job.input)
         request = {
             "prompt": job.input.get("prompt", ""),
             "params": params,

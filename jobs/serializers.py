@@ -9,7 +9,7 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
-from executor.registry import model_spec, provider_usable
+from executor.registry import PAYONCE_INPUT_KEYS, input_problems, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
 from jobs.models import JobKind
@@ -129,20 +129,23 @@ class ReferenceSerializer(StrictSerializer):
 
 
 class MediaInputSerializer(serializers.Serializer):
-    """A media job's input: a prompt, an optional render time, reference media, and provider parameters
-    passed through."""
+    """A media job's input: a prompt, reference media, and the provider parameters the chain's models
+    declare (executor.registry.input_problems; a model that declares none takes any key). The chain comes
+    in the context: `models`."""
 
     prompt = StrictCharField(max_length=20000)
-    render_s = serializers.FloatField(required=False, min_value=0, max_value=3600)
     references = ReferenceSerializer(many=True, required=False, max_length=8)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["Expected an object."]})
-        render_s = data.get("render_s")
-        if "render_s" in data and (isinstance(render_s, bool) or not isinstance(render_s, (int, float))):
-            raise serializers.ValidationError({"render_s": ["A number of seconds is required."]})
-        super().to_internal_value(data)
+        errors = input_problems(self.context["models"], data)
+        try:
+            super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            errors = {**exc.detail, **errors}
+        if errors:
+            raise serializers.ValidationError(errors)
         return data  # validated; kept exactly as sent (the extra keys are the provider's parameters)
 
 
@@ -181,7 +184,11 @@ class ReportInputSerializer(StrictSerializer):
 class JobCreateSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=JobKind.choices)
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
-    input = serializers.DictField()
+    input = serializers.DictField(help_text=(
+        f"media: {' and '.join(PAYONCE_INPUT_KEYS)}, and only the parameters that every model of the chain "
+        "which declares its parameters takes (any other key is 422, named in fields.input); the sandbox's "
+        f"media models take {', '.join(p.name for p in model_spec('sandbox/video-keyed').params)}; a "
+        "Replicate model's are passed through unchecked. report: subject, chapters, email."))
     policy = PolicySerializer(required=False)
     output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
     webhook_url = serializers.URLField(required=False, max_length=2048)
@@ -235,7 +242,7 @@ class JobCreateSerializer(StrictSerializer):
         if wrong_kind:
             errors["models"] = [f"Not a {attrs['kind']} model: {', '.join(wrong_kind)}."]
         if attrs["kind"] == JobKind.MEDIA and "input" not in errors:
-            media_input = MediaInputSerializer(data=attrs["input"])
+            media_input = MediaInputSerializer(data=attrs["input"], context={"models": attrs["models"]})
             if not media_input.is_valid():
                 errors["input"] = media_input.errors
             else:

@@ -27,7 +27,8 @@ class Command(cli.OperatorCommand):
                             help="a model of the chain, in order (repeatable: the next is the fallback)")
         parser.add_argument("--prompt", help="a media job's prompt (required for media)")
         parser.add_argument("--input", dest="input_json", metavar="JSON",
-                            help="the whole input as a JSON object instead of --prompt/--render-s (a report's "
+                            help="the whole input as a JSON object instead of --prompt/--render-s (a media "
+                                 "job's prompt, references and the parameters its models declare; a report's "
                                  '{"subject": {...}, "chapters": [...], "email": "..."})')
         parser.add_argument("--client", default="", help="a client's id, or its exact name")
         parser.add_argument("--kind", default="media", help="media (default) or report")
