@@ -34,9 +34,10 @@ def stack(transactional_db, ledger):  # stopped before the database is flushed
         processes.stop()
 
 
-def kill_while_submitting(stack, ledger, model: str) -> str:
+def kill_while_submitting(stack, ledger, model: str, down_s: float = 0.0) -> str:
     """POST a job on `model` whose submit the sandbox holds for 3 s; SIGKILL the worker while it is out
-    (the intent committed, the answer not back) and start it again. Returns the job id once it ended."""
+    (the intent committed, the answer not back) and start it again `down_s` later. Returns the job id
+    once it ended."""
     ledger.faults([{"model": model.split("/")[1], "action": "delay", "seconds": 3}])  # hold the submit out
     credentials = client_create(name="crash")
     response = requests.post(
@@ -52,6 +53,7 @@ def kill_while_submitting(stack, ledger, model: str) -> str:
     assert Attempt.objects.get(job_id=job_id).state == "submitting"
 
     stack["worker"].kill()  # while the submit is out: the intent is committed, the answer is not back
+    time.sleep(down_s)
     stack["worker"].start()
 
     deadline = time.monotonic() + 60
@@ -115,3 +117,44 @@ def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charg
 
     assert job_cancel(job=Job.objects.get(id=job_id))
     assert reservation_of(job_id) == ("settled", Decimal("0.04"), Decimal("0.04"), Decimal("0"))
+
+
+def test_a_keyed_submit_found_after_the_wait_deadline_is_resent_and_pays_once(transactional_db, ledger):
+    # Issue 21, finding 3: found after WAIT_DEADLINE_S, the attempt went to a person without one resend,
+    # though a resend of its key returns the render for free. The deadline bounds an accepted render's
+    # wait, not a key's life: the sandbox remembers keys for ever.
+    stack = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1,
+                  WAIT_DEADLINE_S=2)
+    try:
+        stack.start()
+        job_id = kill_while_submitting(stack, ledger, "sandbox/video-keyed", down_s=4.0)
+    finally:
+        stack.stop()
+
+    assert Job.objects.get(id=job_id).status == "succeeded"
+    [attempt] = Attempt.objects.filter(job_id=job_id)
+    assert (attempt.number, attempt.state, attempt.paid) == (1, "succeeded", "yes") and attempt.sends >= 2
+    assert (attempt.finished_at - attempt.created_at).total_seconds() > 2  # resolved past the deadline
+    sent = [c for c in ledger.calls() if c["kind"] == "submit"]
+    assert len(sent) >= 2 and {c["request_id"] for c in sent} == {f"payonce-{job_id}-1"}
+    assert len(assert_books_balance(ledger)) == 1
+    assert reservation_of(job_id) == ("settled", Decimal("0.40"), Decimal("0.40"), Decimal("0"))
+
+
+def test_a_keyed_submit_found_after_its_key_may_have_expired_is_uncertain_and_never_resent(transactional_db, ledger):
+    # Past key_ttl_s the provider may have forgotten the key, and a resend could make (and bill) the render
+    # again: the attempt is uncertain, the job waits for a person, and nothing is sent again.
+    stack = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1,
+                  SANDBOX_KEY_TTL_S=4)
+    try:
+        stack.start()
+        job_id = kill_while_submitting(stack, ledger, "sandbox/video-keyed", down_s=5.0)
+    finally:
+        stack.stop()
+
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.error["code"]) == ("waiting", "UNCERTAIN_SUBMIT")
+    [attempt] = Attempt.objects.filter(job_id=job_id)
+    assert (attempt.state, attempt.paid, attempt.sends) == ("uncertain", "unknown", 1)
+    assert len([c for c in ledger.calls() if c["kind"] == "submit"]) == 1  # never resent
+    assert len(assert_books_balance(ledger)) == 1  # the held submit landed: charged once, and held for a person
