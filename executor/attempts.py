@@ -2,10 +2,12 @@
 
 1. Intent before spend: an `Attempt` row is committed in state `submitting`, with its upstream key
    `payonce-{job}-{n}` and the exact request, before the provider is called.
-2. The three answers: a 4xx is a definite end (nothing charged; the provider's words kept); a 2xx is
-   accepted (`running`, polled); a transport error or a 5xx is an unknown outcome, resolved by what the
-   provider can do: the same key again (keyed), a search by metadata (lookup), or `uncertain` and a
-   person's decision (neither). Only an outcome known not to have been paid lets the runner try again.
+2. The three kinds of failure (executor.policy.failure_kind): unpaid (a 4xx, a 429, a 5xx the adapter
+   declares unpaid) is a definite end with nothing charged; unknown (no answer, an undeclared 5xx, any
+   answer on a key whose earlier send went unanswered) is resolved by what the provider can do: the
+   same key again while the key lives (keyed), a search by metadata (lookup), or `uncertain` and a
+   person's decision (neither); paid (accepted, then failed) ends the run PAID_ATTEMPT_FAILED unless
+   policy.paid_retries allows paying again. Only an unpaid failure lets the runner try again freely.
 3. The error class decides what comes next: the same model again after a back-off (with jitter,
    honouring Retry-After), the next model of the chain if the job's policy allows, or the end of the run.
 4. The upstream number grows only after a definite end, or a person's or a rule's decision to pay
@@ -225,8 +227,9 @@ def finish_answered(job, mark) -> tuple[dict, bool] | None:
 
 def _expire(job, current: Attempt, spec, window: float) -> None:
     """Past the attempt's window: cancel upstream where the provider can and end it `window_expired`.
-    The provider may bill the whole run, so the same model is not tried again; the next one is, if the
-    policy allows (else the job fails WINDOW_EXPIRED)."""
+    The provider may bill the whole run: a paid failure, so the same model is not tried again, and the
+    next one only if the policy's fallback_on and paid_retries allow (else the job fails WINDOW_EXPIRED,
+    or PAID_ATTEMPT_FAILED where going on would pay again)."""
     services.cancel_upstream(spec, current.upstream_id)
     _end(current, AttemptState.FAILED, expect=AttemptState.RUNNING, money=SETTLE, error_class=ErrorClass.WINDOW_EXPIRED,
          error=f"no result within the attempt's window of {window:g} s")
