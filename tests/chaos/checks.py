@@ -31,7 +31,11 @@ FAMILY_OF_MODEL = {"video-keyed": "keyed", "image-lookup": "lookup", "image-blin
 
 @contextlib.contextmanager
 def pg(url: str):
-    with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=3) as conn:
+    """A connection of the storm's own: its application_name keeps it from the connections the storm cuts."""
+    from tests.chaos.pgserver import CHECKER
+
+    with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=3,
+                         application_name=CHECKER) as conn:
         yield conn
 
 
@@ -350,7 +354,8 @@ def summary(storm, final: dict, ledger: dict, result: Result) -> str:
         "faults injected: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.faults.items())),
         "kills: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.kills.items()))
         + f"; broker flushed x{int('broker flush' in record.events)}; postgres restarted "
-          f"x{int('postgres restart' in record.events)}",
+          f"x{int('postgres restart' in record.events)}; connections cut x{len(record.cuts)} "
+          f"({sum(record.cuts)} backends)",
         "aimed kills: " + "; ".join(", ".join(f"{k}={v}" for k, v in aim.items() if k != "aim") + f" ({aim['aim']})"
                                     for aim in record.aimed),
         "POSTs: " + ", ".join(f"{k} x{v}" for k, v in sorted(f["answers"].items())) + "; failed and sent again: "

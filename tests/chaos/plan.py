@@ -54,7 +54,8 @@ class JobPlan:
 @dataclass
 class Event:
     at: float
-    kind: str  # fault, kill, aimed_kill, flush_broker, restart_postgres, crash_sandbox, kill_webhooks
+    kind: str  # fault, kill, aimed_kill, flush_broker, restart_postgres, cut_connections, crash_sandbox,
+    #            kill_webhooks
     detail: dict = field(default_factory=dict)
 
 
@@ -133,5 +134,12 @@ def make_plan(seed: int, jobs: int, submit_s: float) -> Plan:
     events.append(Event(round(rng.uniform(0.40, 0.45) * submit_s, 3), "flush_broker"))
     events.append(Event(round(rng.uniform(0.50, 0.55) * submit_s, 3), "kill_webhooks"))
     events.append(Event(round(rng.uniform(0.65, 0.75) * submit_s, 3), "restart_postgres"))
+    # pg_terminate_backend on web's and the workers' connections every few seconds. Drawn from a generator
+    # of their own, so the seeds listed in tests/chaos/pinned.py keep the jobs and events they failed with.
+    cuts = random.Random(f"cut-connections-{seed}")
+    t = cuts.uniform(2, 5)
+    while t < submit_s + 10:
+        events.append(Event(round(t, 3), "cut_connections"))
+        t += cuts.uniform(4, 9)
     events.sort(key=lambda e: e.at)
     return Plan(seed, job_plans, events, submit_s, retry_share=0.5)

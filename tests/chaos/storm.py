@@ -1,6 +1,7 @@
 """The storm (`make chaos`): 500 paid jobs from 3 clients while the sandbox misbehaves in every way it
-can, workers die at random and at the dangerous moments, the broker loses every message, PostgreSQL
-restarts, the sandbox crashes and the webhook worker dies; then a settle, and checks from the outside
+can, workers die at random and at the dangerous moments, the broker loses every message, PostgreSQL (the
+storm's own server) restarts and cuts the processes' connections, the sandbox crashes and the webhook
+worker dies; then a settle, and checks from the outside
 only: the HTTP API, the sandbox's ledger, the receiver's log and the budget rows for the cap.
 
     python -m tests.chaos [--seed N] [--jobs 500] [--broker redis|amqp] [--hosts]
@@ -45,6 +46,7 @@ class Record:
     kills: Counter = field(default_factory=Counter)
     aimed: list = field(default_factory=list)
     events: dict = field(default_factory=dict)  # name -> time it happened
+    cuts: list = field(default_factory=list)  # connections cut at each cut_connections event
     cap_samples: int = 0
     cap_gaps: int = 0  # samples that could not be read (PostgreSQL restarting)
     cap_breaches: list = field(default_factory=list)
@@ -236,6 +238,8 @@ class Storm:
         elif event.kind == "kill_webhooks":
             self._kill(["webhooks"], down_s=1.0)
             record.kills["webhooks worker"] += 1
+        elif event.kind == "cut_connections":
+            record.cuts.append(stack.cut_connections())
         elif event.kind == "restart_postgres":
             if self.args.no_pg_restart:
                 return
@@ -442,9 +446,10 @@ def main(argv=None) -> int:
     parser.add_argument("--settle-s", type=float, default=240)
     parser.add_argument("--broker", choices=("redis", "amqp"), default=os.environ.get("BROKER", "redis") or "redis")
     parser.add_argument("--hosts", action="store_true", default=os.environ.get("HOSTS") == "1")
-    parser.add_argument("--database", default="payonce_chaos")
+    parser.add_argument("--database", default="payonce_chaos",
+                        help="the database's name in the storm's own PostgreSQL server, and the RabbitMQ vhost's")
     parser.add_argument("--redis-db", type=int, default=5)
-    parser.add_argument("--no-pg-restart", action="store_true")
+    parser.add_argument("--no-pg-restart", action="store_true", help="never restart the storm's PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     args = parser.parse_args(argv)
     if args.submit_s is None:
