@@ -140,7 +140,8 @@ def make_plan(seed: int, jobs: int, submit_s: float) -> Plan:
     # Kills aimed at the dangerous moments (storm.Storm.aimed_kill says how each is made to happen).
     aims = ["submit_in_flight", "answer_before_commit", "upload_before_finish"]
     for k in range(max(3, int(submit_s // 10))):
-        events.append(Event(round(rng.uniform(3, submit_s), 3), "aimed_kill", {"aim": aims[k % 3]}))
+        # While jobs still arrive (the first 80%): an aim needs work in flight (checks.check_landed).
+        events.append(Event(round(rng.uniform(3, 0.8 * submit_s), 3), "aimed_kill", {"aim": aims[k % 3]}))
     events.append(Event(round(rng.uniform(0.25, 0.35) * submit_s, 3), "crash_sandbox"))
     events.append(Event(round(rng.uniform(0.40, 0.45) * submit_s, 3), "flush_broker"))
     events.append(Event(round(rng.uniform(0.50, 0.55) * submit_s, 3), "kill_webhooks"))
