@@ -469,7 +469,7 @@ def summary(storm, final: dict, ledger: dict, result: Result) -> str:
         f"ledger: {f['charges']} charges, ${f['dollars']}; payonce recorded ${f['recorded']}; "
         f"uncertain and charged: {f['uncertain charged'][0]} (${f['uncertain charged'][1]})",
         f"duplicate paid calls {f['duplicate paid calls']}; paid failures (failed at the sandbox) paid again "
-        f"under paid_retries {f['paid failures then a new attempt']}; paid again after a person's retry "
+        f"within policy.paid_retries: {f['paid failures then a new attempt']}; paid again after a person's retry "
         f"{f['person paid again']}; LLM calls paid again within their 3 tries {f['rule paid again']}",
         f"webhooks: {f['events delivered']}/{f['events expected']} events delivered, {f['deliveries']} deliveries, "
         f"{f['deliveries failed by the receiver']} failed by the receiver, {f['redelivered after a 2xx']} "
