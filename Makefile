@@ -41,7 +41,8 @@ bench: migrate
 fuzz-api: migrate
 	$(BIN)/python tests/fuzz/api_schemathesis.py
 
-# The storm (tests/chaos): 500 paid jobs through faults, kills, a broker flush and a PostgreSQL restart,
+# The storm (tests/chaos): 500 paid jobs through faults, kills, a broker flush, and a restart of (and cut
+# connections to) a PostgreSQL server of the storm's own (the machine's cluster is never touched),
 # checked from the outside; prints one screen and fails if any check does. CHAOS_SEED=N replays a storm,
 # BROKER=amqp runs it on RabbitMQ, HOSTS=1 puts every process in a network namespace of its own (root).
 chaos: install

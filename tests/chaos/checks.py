@@ -11,9 +11,13 @@ Money, in Decimal, never float:
   it does not know, and a person decides), and is shown;
 - payonce's recorded cost equals the ledger's, per attempt, per job and in total (the uncertain charges
   aside, shown beside it);
-- a duplicate paid call: a second charged attempt in one job (one chapter, for reports) after an earlier
-  charged attempt that had not failed. On keyed and lookup models there must be none; on blind models
-  (image-blind, llm) only after an `uncertain` attempt a person retried.
+- a duplicate paid call: a second charge for the same work (a media job's render; a report's chapter or
+  synthesis) that no fact from outside payonce excuses (check_second_charges): not a paid failure the
+  sandbox itself records as `failed` within the policy.paid_retries the storm sent, not a person's retry
+  the storm itself made, not an LLM chapter's own tries (3 a run). There must be none.
+
+And that the storm did what it meant to: each aimed kill hit something in flight, and the capped client
+was refused (BUDGET_EXCEEDED) at least once.
 """
 
 from __future__ import annotations
@@ -25,13 +29,20 @@ from decimal import Decimal
 
 import psycopg
 
-BLIND = {"image-blind", "llm"}  # neither a key nor a lookup: only a person may pay again
+BLIND = {"image-blind", "llm"}  # neither a key nor a lookup: only a person may pay again (llm: its 3 tries too)
+# What each aimed kill (storm.Storm.aimed_kill) counts of the work it caught in flight.
+AIMED_HIT = {"submit_in_flight": "calls_out", "answer_before_commit": "attempts_held",
+             "upload_before_finish": "jobs_held"}
 FAMILY_OF_MODEL = {"video-keyed": "keyed", "image-lookup": "lookup", "image-blind": "blind", "llm": "blind"}
 
 
 @contextlib.contextmanager
 def pg(url: str):
-    with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=3) as conn:
+    """A connection of the storm's own: its application_name keeps it from the connections the storm cuts."""
+    from tests.chaos.pgserver import CHECKER
+
+    with psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=3,
+                         application_name=CHECKER) as conn:
         yield conn
 
 
@@ -111,12 +122,15 @@ class Result:
         self.failures.append(message)
 
 
-def run_all(storm, final: dict, ledger: dict) -> Result:
+def run_all(storm, final: dict, ledger: dict, generations: dict) -> Result:
+    """`generations`: the sandbox's own record of each charged render (sandbox_generations)."""
     result = Result()
     check_jobs(storm, final, result)
     check_books(storm, final, ledger, result)
+    check_second_charges(storm, final, ledger, generations, result)
     check_deliveries(storm, final, result)
     check_cap(storm, final, result)
+    check_landed(storm, final, result)
     recovery(storm, result)
     for what in storm.record.unexpected:
         result.fail(f"unexpected: {what}")
@@ -200,40 +214,118 @@ def check_books(storm, final: dict, ledger: dict, result: Result) -> None:
     if recorded + uncertain_paid != total:
         result.fail(f"payonce recorded {recorded} + uncertain {uncertain_paid} != ledger {total}")
 
-    # Duplicate paid calls.
-    duplicates, paid_failures, person_paid_again, rule_paid_again = [], 0, 0, 0
-    for job in final.values():
-        if not job:
-            continue
-        for segment, group in segments(job).items():
-            charged = [a for a in group if paid.get(a["upstream_key"])]
-            for earlier, later in zip(charged, charged[1:]):
-                if earlier["state"] == "failed" and earlier["cost_usd"] is not None:
-                    paid_failures += 1  # the provider charged for a render it failed; a new attempt is a new call
-                    continue
-                retried_after = storm.record.retries.get(job["id"])
-                by_person = (earlier["state"] == "uncertain" and retried_after is not None
-                             and earlier["number"] in retried_after and later["number"] not in retried_after)
-                if by_person and earlier["model"] in BLIND:
-                    person_paid_again += 1
-                    continue
-                if earlier["state"] == "uncertain" and earlier["model"] == "llm" and job["kind"] == "report":
-                    # DESIGN 7: a chapter's LLM call makes up to 3 attempts on 5xx and network errors, an
-                    # explicit rule's decision to pay again for a cheap call. Never silent: the uncertain
-                    # attempt stays in the job, and its reservation is spent, unpriced (spend shows it).
-                    rule_paid_again += 1
-                    continue
-                duplicates.append((job["id"], segment, earlier["upstream_key"], earlier["state"],
-                                   later["upstream_key"], "after a person's retry" if by_person else "silent"))
-    for duplicate in duplicates[:5]:
-        result.fail(f"duplicate paid call: {duplicate}")
     result.figures.update({
         "charges": len(ledger["charges"]), "dollars": total, "recorded": recorded,
-        "uncertain charged": (uncertain_charged, uncertain_paid), "duplicate paid calls": len(duplicates),
-        "paid failures then a new attempt": paid_failures, "person paid again": person_paid_again,
-        "rule paid again": rule_paid_again,
-        "attempts": len(attempts),
+        "uncertain charged": (uncertain_charged, uncertain_paid), "attempts": len(attempts),
     })
+
+
+def person_retries(storm, job_id: str) -> int:
+    """How many times the storm itself POSTed /v1/jobs/{id}/retry and was answered (its own record)."""
+    return 1 if job_id in storm.record.retries else 0
+
+
+def paid_retries(storm, key: str) -> int:
+    """The job's policy.paid_retries as the storm sent it (its plan), 0 when it sent none."""
+    plan = next(job for job in storm.plan.jobs if job.key == key)
+    return int((plan.body.get("policy") or {}).get("paid_retries", 0))
+
+
+def check_second_charges(storm, final: dict, ledger: dict, generations: dict, result: Result) -> None:
+    """Every second charge for the same work (a media job's render, a report's chapter or synthesis) is a
+    duplicate paid call unless a fact from outside payonce excuses it:
+
+    - a paid failure: the sandbox's own record of the charge before it (GET /v1/generations/{id}) says
+      `failed`; then at most policy.paid_retries (as the storm sent it) times in each run;
+    - a person's retry: the first charge of a run the storm itself started (POST /v1/jobs/{id}/retry),
+      after a paid failure, or on a blind model (image-blind: neither key nor lookup);
+    - an LLM chapter's own tries: at most 3 charges in each run (DESIGN 7: a chapter's LLM call makes up
+      to 3 attempts on 5xx and network errors).
+
+    Which run a charge belongs to is read from the charge's own metadata (payonce_attempt, as the
+    sandbox recorded it) against the attempt numbers the storm saw when it made the retry; nothing
+    payonce says about an attempt's state excuses a charge.
+    """
+    keys_of = {job["id"]: key for key, job in final.items() if job}
+    segment_of = {}  # upstream key -> (job id, segment)
+    for job in final.values():
+        if job:
+            for segment, group in segments(job).items():
+                for attempt in group:
+                    segment_of[attempt["upstream_key"]] = (job["id"], segment)
+    work = defaultdict(list)  # (job id, segment) -> its charges, in the sandbox's order
+    for charge in ledger["charges"]:
+        where = segment_of.get((charge.get("metadata") or {}).get("upstream_key"))
+        if where is not None:  # a charge with no attempt fails check_books
+            work[where].append(charge)
+
+    duplicates, figures = [], Counter()
+    for (job_id, segment), charges in work.items():
+        before_retry = storm.record.retries.get(job_id)
+
+        def run_of(charge) -> int:
+            number = (charge.get("metadata") or {}).get("payonce_attempt")
+            return 1 if before_retry is None or number in before_retry else 2
+
+        allowance = paid_retries(storm, keys_of[job_id])
+        in_run, paid_again_in_run = Counter(), Counter()
+        for n, charge in enumerate(charges):
+            run = run_of(charge)
+            in_run[run] += 1
+            if n == 0:
+                continue
+            earlier = charges[n - 1]
+            new_run = run > run_of(earlier) and in_run[run] == 1 and person_retries(storm, job_id) >= run - 1
+            if charge["model"] == "llm":
+                if in_run[run] == 1 and new_run:
+                    figures["person paid again"] += 1
+                elif in_run[run] <= 3:
+                    figures["rule paid again"] += 1
+                else:
+                    duplicates.append((job_id, segment, charge["id"], f"LLM charge {in_run[run]} of run {run}"))
+                continue
+            failed = (generations.get(earlier.get("generation_id")) or {}).get("status") == "failed"
+            if failed and paid_again_in_run[run] < allowance:
+                paid_again_in_run[run] += 1
+                figures["paid failures paid again"] += 1
+            elif new_run and (failed or earlier["model"] in BLIND):
+                figures["person paid again"] += 1
+            else:
+                sandbox_says = (generations.get(earlier.get("generation_id")) or {}).get("status", "unread")
+                duplicates.append((job_id, segment, charge["id"], f"after {earlier['id']} ({earlier['model']}, "
+                                   f"{sandbox_says} at the sandbox), paid_retries {allowance}, run {run}"))
+    for duplicate in duplicates[:5]:
+        result.fail(f"duplicate paid call: {duplicate}")
+    if len(duplicates) > 5:
+        result.fail(f"... {len(duplicates)} duplicate paid calls in all")
+    result.figures.update({
+        "duplicate paid calls": len(duplicates), "paid failures then a new attempt": figures["paid failures paid again"],
+        "person paid again": figures["person paid again"], "rule paid again": figures["rule paid again"],
+    })
+
+
+def sandbox_generations(sandbox_url: str, ledger: dict) -> dict:
+    """The sandbox's own record (GET /v1/generations/{id}) of every charged render: id -> its view. A
+    fault left pending on `poll` may answer a read: each is read again until it answers 200."""
+    import time
+
+    import requests
+
+    out = {}
+    for charge in ledger["charges"]:
+        gen_id = charge.get("generation_id") or ""
+        if not gen_id.startswith("gen_"):
+            continue  # an LLM message: no generation to read
+        for _ in range(20):
+            try:
+                response = requests.get(f"{sandbox_url}/v1/generations/{gen_id}", timeout=10)
+                if response.status_code == 200:
+                    out[gen_id] = response.json()
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+    return out
 
 
 def check_deliveries(storm, final: dict, result: Result) -> None:
@@ -314,6 +406,19 @@ def check_cap(storm, final: dict, result: Result) -> None:
     result.figures["cap samples"] = (record.cap_samples, record.cap_gaps, len(record.cap_breaches))
 
 
+def check_landed(storm, final: dict, result: Result) -> None:
+    """The storm made the faults it claims: every aimed kill caught work in flight (a kill that hit idle
+    workers tests nothing), and the capped client's cap refused at least one job."""
+    for aim in storm.record.aimed:
+        if not aim.get(AIMED_HIT[aim["aim"]]):
+            result.fail(f"an aimed kill that hit nothing in flight: {aim}")
+    refused = sum(1 for plan in storm.plan.jobs if plan.client == "capped" and final.get(plan.key)
+                  and error_code(final[plan.key]) == "BUDGET_EXCEEDED")
+    if not refused:
+        result.fail("the capped client was never refused (no job of its ended BUDGET_EXCEEDED): its cap did not bind")
+    result.figures["capped refused"] = refused
+
+
 def recovery(storm, result: Result) -> None:
     """After the broker flush and the PostgreSQL restart: how long until each job that was in flight
     showed progress again (its status, an attempt, a chapter: what a watcher of the API sees)."""
@@ -350,7 +455,8 @@ def summary(storm, final: dict, ledger: dict, result: Result) -> str:
         "faults injected: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.faults.items())),
         "kills: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.kills.items()))
         + f"; broker flushed x{int('broker flush' in record.events)}; postgres restarted "
-          f"x{int('postgres restart' in record.events)}",
+          f"x{int('postgres restart' in record.events)}; connections cut x{len(record.cuts)} "
+          f"({sum(record.cuts)} backends)",
         "aimed kills: " + "; ".join(", ".join(f"{k}={v}" for k, v in aim.items() if k != "aim") + f" ({aim['aim']})"
                                     for aim in record.aimed),
         "POSTs: " + ", ".join(f"{k} x{v}" for k, v in sorted(f["answers"].items())) + "; failed and sent again: "
@@ -362,14 +468,14 @@ def summary(storm, final: dict, ledger: dict, result: Result) -> str:
         f"lost {f['lost']}  stuck {f['stuck']}",
         f"ledger: {f['charges']} charges, ${f['dollars']}; payonce recorded ${f['recorded']}; "
         f"uncertain and charged: {f['uncertain charged'][0]} (${f['uncertain charged'][1]})",
-        f"duplicate paid calls {f['duplicate paid calls']}; paid failures then a new attempt "
-        f"{f['paid failures then a new attempt']}; blind, paid again after a person's retry "
-        f"{f['person paid again']}; LLM chapters paid again by their rule after an uncertain call "
-        f"{f['rule paid again']}",
+        f"duplicate paid calls {f['duplicate paid calls']}; paid failures (failed at the sandbox) paid again "
+        f"within policy.paid_retries: {f['paid failures then a new attempt']}; paid again after a person's retry "
+        f"{f['person paid again']}; LLM calls paid again within their 3 tries {f['rule paid again']}",
         f"webhooks: {f['events delivered']}/{f['events expected']} events delivered, {f['deliveries']} deliveries, "
         f"{f['deliveries failed by the receiver']} failed by the receiver, {f['redelivered after a 2xx']} "
         f"redelivered after a 2xx (deduped by webhook-id); missing {f['missing']}",
-        "cap: {} samples, {} unreadable, {} over the cap; ".format(*f["cap samples"])
+        "cap: {} samples, {} unreadable, {} over the cap; capped refused {} jobs; ".format(
+            *f["cap samples"], f.get("capped refused"))
         + "; ".join(f"{name} spent {f[f'spend {name}']['spent_usd']} reserved {f[f'spend {name}']['reserved_usd']} "
                     f"cap {f[f'spend {name}']['cap_usd']}" for name in ("alpha", "beta", "capped")),
     ]

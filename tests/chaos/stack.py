@@ -1,6 +1,7 @@
 """The storm's stack: every Procfile process as a real process (each in a network namespace of its own
 with HOSTS=1), the sandbox provider, a moto S3 server (HOSTS=1) and the services they reach, on a
-database, a broker database (or RabbitMQ vhost) and an output store of the storm's own."""
+PostgreSQL server (tests/chaos/pgserver.py), a broker database (or RabbitMQ vhost) and an output store of
+the storm's own. The machine's PostgreSQL cluster is never touched: the storm restarts its own server."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import requests
 
+from tests.chaos.pgserver import PrivateServer
 from tests.support.procs import read_log, reap_group
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_CLUSTER = ("15", "main")
 
 
 def procfile_command(name: str) -> str:
@@ -114,9 +115,12 @@ class Stack:
         self.web_port, self.sandbox_port = free_port(), free_port()
         self.web_url = f"http://{self.web_host}:{self.web_port}"
         self.sandbox_url = f"http://{gateway}:{self.sandbox_port}"
-        pg = hosts.forward(5432) if hosts else "127.0.0.1:5432"
-        self.database_url = f"postgres://{pg}/{database}"
-        self.local_database_url = f"postgres://127.0.0.1:5432/{database}"
+        # The storm's own PostgreSQL on a free port of 127.0.0.1 (started by prepare()); with HOSTS=1 the
+        # hosts reach it through a forwarder on the gateway, as they reach Redis and RabbitMQ.
+        self.pg = PrivateServer(free_port())
+        pg = hosts.forward(self.pg.port) if hosts else None
+        self.database_url = self.pg.url(database, pg)
+        self.local_database_url = self.pg.url(database)
         if broker == "amqp":
             rabbit = hosts.forward(5672) if hosts else "127.0.0.1:5672"
             self.vhost = database
@@ -166,9 +170,9 @@ class Stack:
     # -- set-up ------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """A fresh database and broker of the storm's own; the S3 bucket with HOSTS=1."""
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c",
-                        f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)'], check=True, capture_output=True)
+        """A fresh PostgreSQL server, database and broker of the storm's own; the S3 bucket with HOSTS=1."""
+        self.pg.start()
+        self.pg.create_database(self.database)
         if self.broker == "amqp":
             subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
             subprocess.run(["rabbitmqctl", "-q", "add_vhost", self.vhost], check=True, capture_output=True)
@@ -245,15 +249,13 @@ class Stack:
             redis.Redis.from_url(self.local_broker_url).flushdb()
 
     def restart_postgres(self) -> float:
-        """Restart the PostgreSQL cluster (fast shutdown: every connection is cut); returns when it answers."""
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "restart", "-m", "fast"],
-                       check=True, capture_output=True)
-        deadline = time.monotonic() + 60
-        while subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"]).returncode != 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError("PostgreSQL did not come back within 60 s")
-            time.sleep(0.1)
-        return time.time()
+        """Restart the storm's PostgreSQL (fast shutdown: every connection is cut); returns when it answers."""
+        return self.pg.restart()
+
+    def cut_connections(self) -> int:
+        """pg_terminate_backend on every connection of web, the workers, webhooks and beat (the storm's own
+        checker connections stay); returns how many were cut."""
+        return self.pg.terminate_backends(self.database)
 
     def crash_sandbox(self) -> None:
         """SIGKILL the sandbox's server (its supervisor brings it back with the journal's ledger)."""
@@ -278,12 +280,17 @@ class Stack:
     def stop(self, keep: bool = False) -> None:
         # The checks have read everything: no warm shutdown to wait for (a worker holding countdown
         # tasks would take its whole grace), every process dies at once.
-        for proc in self.procs.values():
-            proc.kill()
-        if self.moto is not None:
-            self.moto.stop()
-        if self.broker == "amqp":
-            subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
+        try:
+            for proc in self.procs.values():
+                proc.kill()
+            if self.moto is not None:
+                self.moto.stop()
+            if self.broker == "amqp":
+                subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
+        finally:
+            if keep and self.pg.log_path.exists():
+                shutil.copy(self.pg.log_path, self.workdir / "postgres.log")
+            self.pg.stop()  # by its PID; its directory removed (also when a kill above failed)
         if keep:
             print(f"logs kept in {self.workdir}")
         else:

@@ -1,6 +1,7 @@
 """The storm (`make chaos`): 500 paid jobs from 3 clients while the sandbox misbehaves in every way it
-can, workers die at random and at the dangerous moments, the broker loses every message, PostgreSQL
-restarts, the sandbox crashes and the webhook worker dies; then a settle, and checks from the outside
+can, workers die at random and at the dangerous moments, the broker loses every message, PostgreSQL (the
+storm's own server) restarts and cuts the processes' connections, the sandbox crashes and the webhook
+worker dies; then a settle, and checks from the outside
 only: the HTTP API, the sandbox's ledger, the receiver's log and the budget rows for the cap.
 
     python -m tests.chaos [--seed N] [--jobs 500] [--broker redis|amqp] [--hosts]
@@ -29,7 +30,15 @@ from tests.chaos.receiver import FlakyReceiver
 from tests.chaos.stack import Stack
 
 CAPS = {"alpha": "100000", "beta": "100000", "capped": "4"}  # the third client's cap binds
+
+
+def caps_for(jobs: int) -> dict[str, str]:
+    """The monthly caps: the capped client's scaled down in a small storm ($0.03 a job, at most $4), so
+    that it binds at every size (checks.check_landed fails a storm where it never refused a job): its
+    third of 60 jobs asks for about $4 in all."""
+    return {**CAPS, "capped": str(min(Decimal(CAPS["capped"]), Decimal(jobs) * Decimal("0.03")).quantize(Decimal("0.01")))}
 OPEN = ("queued", "running", "waiting")
+AIMED_TRIES = 6  # set-ups of an aimed kill before it kills whatever it caught (checks.check_landed judges)
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -45,6 +54,7 @@ class Record:
     kills: Counter = field(default_factory=Counter)
     aimed: list = field(default_factory=list)
     events: dict = field(default_factory=dict)  # name -> time it happened
+    cuts: list = field(default_factory=list)  # connections cut at each cut_connections event
     cap_samples: int = 0
     cap_gaps: int = 0  # samples that could not be read (PostgreSQL restarting)
     cap_breaches: list = field(default_factory=list)
@@ -58,6 +68,7 @@ class Storm:
     def __init__(self, args):
         self.args = args
         self.plan: Plan = make_plan(args.seed, args.jobs, args.submit_s)
+        self.caps = caps_for(args.jobs)
         self.record = Record()
         self.stop_chaos = threading.Event()
         self.stop_sampling = threading.Event()
@@ -83,7 +94,7 @@ class Storm:
             self.clients = {}
             for name in CLIENTS:
                 url = self.receiver.url_for(name)
-                creds = self.stack.create_client(f"{name}-{args.seed}", url, CAPS[name])
+                creds = self.stack.create_client(f"{name}-{args.seed}", url, self.caps[name])
                 self.receiver.add_client(name, creds["webhook_secret"])
                 self.clients[name] = creds
             self.stack.start()
@@ -120,11 +131,12 @@ class Storm:
         self.elapsed = {"submit": submitted - self.t0, "total": time.time() - self.t0}
         final = self._final_jobs()
         ledger = requests.get(f"{self.stack.sandbox_url}/ledger", timeout=30).json()
-        result = checks.run_all(self, final, ledger)
+        generations = checks.sandbox_generations(self.stack.sandbox_url, ledger)
+        result = checks.run_all(self, final, ledger, generations)
         print(checks.summary(self, final, ledger, result), flush=True)
         if not result.ok:  # what the checks read, beside the processes' logs, for the post-mortem
             (self.stack.workdir / "final.json").write_text(json.dumps(
-                {"jobs": final, "ledger": ledger, "failures": result.failures,
+                {"jobs": final, "ledger": ledger, "generations": generations, "failures": result.failures,
                  "deliveries": [{"id": r.webhook_id, "status": r.status, "path": r.path, "at": r.arrived}
                                 for r in self.receiver.requests]}, indent=1, default=str))
         return result.ok
@@ -236,6 +248,8 @@ class Storm:
         elif event.kind == "kill_webhooks":
             self._kill(["webhooks"], down_s=1.0)
             record.kills["webhooks worker"] += 1
+        elif event.kind == "cut_connections":
+            record.cuts.append(stack.cut_connections())
         elif event.kind == "restart_postgres":
             if self.args.no_pg_restart:
                 return
@@ -279,34 +293,45 @@ class Storm:
         """
         workers = [name for name in self.stack.procs if name.startswith("worker")]
         landed = {"aim": aim, "at": round(time.time() - self.t0, 1)}
-        if aim == "submit_in_flight":
-            self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 3, "times": 3}])
-            time.sleep(1.5)
-            landed["calls_out"] = self._in_flight_submits()
-            self._kill(workers, down_s=0.5)
-        elif aim == "answer_before_commit":
-            self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 1, "times": 3}])
-            time.sleep(0.3)
-            with checks.pg(self.stack.local_database_url) as conn:
-                rows = conn.execute("SELECT id FROM executor_attempt WHERE state = 'submitting' "
-                                    "FOR UPDATE SKIP LOCKED").fetchall()
-                time.sleep(2.0)  # the held calls are answered; the workers wait on the locked rows
-                landed["attempts_held"] = len(rows)
-                self._kill(workers, down_s=None)
-                conn.rollback()
-            self._start(workers)
-        elif aim == "upload_before_finish":
-            with checks.pg(self.stack.local_database_url) as conn:
-                before = self.stack.outputs()
-                rows = conn.execute("SELECT id FROM jobs_job WHERE status IN ('running', 'waiting') "
-                                    "AND kind = 'media' FOR UPDATE SKIP LOCKED").fetchall()
-                time.sleep(2.5)  # renders end, outputs are uploaded, the finishes wait on the locked rows
-                new = self.stack.outputs() - before
-                landed["jobs_held"] = len(rows)
-                landed["uploaded_not_finished"] = len(new)
-                self._kill(workers, down_s=None)
-                conn.rollback()
-            self._start(workers)
+        # Each aim is set up again (up to TRIES times) until it catches work in flight: a kill of idle
+        # workers tests nothing, and checks.check_landed fails a storm whose aimed kill hit nothing.
+        for landed["tries"] in range(1, AIMED_TRIES + 1):
+            if aim == "submit_in_flight":
+                self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 3, "times": 3}])
+                time.sleep(1.5)
+                landed["calls_out"] = self._in_flight_submits()
+                if landed["calls_out"] or landed["tries"] == AIMED_TRIES:
+                    self._kill(workers, down_s=0.5)
+                    break
+            elif aim == "answer_before_commit":
+                self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 1, "times": 3}])
+                time.sleep(0.3)
+                with checks.pg(self.stack.local_database_url) as conn:
+                    rows = conn.execute("SELECT id FROM executor_attempt WHERE state = 'submitting' "
+                                        "FOR UPDATE SKIP LOCKED").fetchall()
+                    landed["attempts_held"] = len(rows)
+                    if rows or landed["tries"] == AIMED_TRIES:
+                        time.sleep(2.0)  # the held calls are answered; the workers wait on the locked rows
+                        self._kill(workers, down_s=None)
+                        conn.rollback()
+                        self._start(workers)
+                        break
+                    conn.rollback()
+            elif aim == "upload_before_finish":
+                with checks.pg(self.stack.local_database_url) as conn:
+                    before = self.stack.outputs()
+                    rows = conn.execute("SELECT id FROM jobs_job WHERE status IN ('running', 'waiting') "
+                                        "AND kind = 'media' FOR UPDATE SKIP LOCKED").fetchall()
+                    landed["jobs_held"] = len(rows)
+                    if rows or landed["tries"] == AIMED_TRIES:
+                        time.sleep(2.5)  # renders end, outputs are uploaded, the finishes wait on the locked rows
+                        landed["uploaded_not_finished"] = len(self.stack.outputs() - before)
+                        self._kill(workers, down_s=None)
+                        conn.rollback()
+                        self._start(workers)
+                        break
+                    conn.rollback()
+            time.sleep(0.5)
         self.record.aimed.append(landed)
         self.record.kills[f"workers, aimed: {aim}"] += 1
 
@@ -328,7 +353,7 @@ class Storm:
 
     def _sample_caps(self) -> None:
         """Every second: spent + reserved <= cap for every client, read from the budget rows."""
-        caps = {name: Decimal(cap) for name, cap in CAPS.items()}
+        caps = {name: Decimal(cap) for name, cap in self.caps.items()}
         names = {creds["client_id"]: name for name, creds in self.clients.items()}
         while not self.stop_sampling.wait(1.0):
             try:
@@ -442,9 +467,10 @@ def main(argv=None) -> int:
     parser.add_argument("--settle-s", type=float, default=240)
     parser.add_argument("--broker", choices=("redis", "amqp"), default=os.environ.get("BROKER", "redis") or "redis")
     parser.add_argument("--hosts", action="store_true", default=os.environ.get("HOSTS") == "1")
-    parser.add_argument("--database", default="payonce_chaos")
+    parser.add_argument("--database", default="payonce_chaos",
+                        help="the database's name in the storm's own PostgreSQL server, and the RabbitMQ vhost's")
     parser.add_argument("--redis-db", type=int, default=5)
-    parser.add_argument("--no-pg-restart", action="store_true")
+    parser.add_argument("--no-pg-restart", action="store_true", help="never restart the storm's PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     args = parser.parse_args(argv)
     if args.submit_s is None:
