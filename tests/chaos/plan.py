@@ -39,9 +39,7 @@ PNG = base64.b64encode(bytes.fromhex(
 CHAPTERS = [f"chapter-{n}" for n in range(1, 9)]
 
 # Some media jobs ask to pay again once after a paid failure (policy.paid_retries 1), so the storm's
-# check of that allowance (checks.check_second_charges) is exercised. Off until the API knows the field:
-# the API before it answers 422 "Unknown field." to a policy that names it, which fails the storm.
-PAID_RETRIES_IN_PLAN = False
+# check of that allowance (checks.check_second_charges) is exercised.
 PAID_RETRIES_SHARE = 0.2
 
 
@@ -122,11 +120,10 @@ def make_plan(seed: int, jobs: int, submit_s: float) -> Plan:
     prefix = f"storm{seed}"
     job_plans = [draw_job(rng, n, round(rng.uniform(0, submit_s), 3), prefix) for n in range(jobs)]
     job_plans.sort(key=lambda j: j.at)
-    if PAID_RETRIES_IN_PLAN:  # a generator of its own: the other draws stay what each seed made them
-        paid = random.Random(f"paid-retries-{seed}")
-        for job in job_plans:
-            if "policy" in job.body and paid.random() < PAID_RETRIES_SHARE:
-                job.body["policy"]["paid_retries"] = 1
+    paid = random.Random(f"paid-retries-{seed}")  # its own generator: the other draws stay each seed's
+    for job in job_plans:
+        if "policy" in job.body and paid.random() < PAID_RETRIES_SHARE:
+            job.body["policy"]["paid_retries"] = 1
 
     events: list[Event] = []
     t = 0.5
