@@ -124,22 +124,27 @@ def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_pai
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_still_resent_and_paid_once(transactional_db, ledger, api):
-    # WAIT_DEADLINE_S bounds the wait for an accepted render; it is not a key's lifetime. The sandbox
-    # remembers keys for ever, so the key goes out until it is answered.
+def keyed_answers_lost(api, ledger, *, times: int, **worker_env) -> dict:
+    """A keyed job with a fallback model whose first `times` sends are accepted and their answers lost,
+    run on a worker of its own (with `worker_env`, and resends at most a second apart)."""
     from tests.conftest import purge_queue
     from tests.support.procs import ProcfileProcess
 
     purge_queue(settings.CELERY_BROKER_URL, "jobs")
-    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "WAIT_DEADLINE_S": 2,
-                                            "RETRY_BACKOFF_MAX_S": 1}).start()
+    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "RETRY_BACKOFF_MAX_S": 1, **worker_env}).start()
     try:
-        ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 5}])
+        ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": times}])
         body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                           policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
-        job = run_job(api, ledger, body)
+        return run_job(api, ledger, body)
     finally:
         worker.stop()
+
+
+def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_still_resent_and_paid_once(transactional_db, ledger, api):
+    # WAIT_DEADLINE_S bounds the wait for an accepted render; it is not a key's lifetime. The sandbox
+    # remembers keys for ever, so the key goes out until it is answered.
+    job = keyed_answers_lost(api, ledger, times=5, WAIT_DEADLINE_S=2)
 
     assert job["status"] == "succeeded", job
     first = Attempt.objects.get(job_id=job["id"], number=1)
@@ -153,19 +158,7 @@ def test_a_keyed_attempt_unanswered_past_its_keys_lifetime_is_uncertain_and_held
     # Past key_ttl_s the provider may have forgotten the key: a resend could make (and bill) the render
     # again. Not failed (the money may be spent), not the next model (that would pay twice): a person.
     from billing.models import Reservation
-    from tests.conftest import purge_queue
-    from tests.support.procs import ProcfileProcess
-
-    purge_queue(settings.CELERY_BROKER_URL, "jobs")
-    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "SANDBOX_KEY_TTL_S": 3,
-                                            "RETRY_BACKOFF_MAX_S": 1}).start()
-    try:
-        ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 50}])
-        body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
-                          policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
-        job = run_job(api, ledger, body)
-    finally:
-        worker.stop()
+    job = keyed_answers_lost(api, ledger, times=50, SANDBOX_KEY_TTL_S=3)
 
     assert (job["status"], job["error"]["code"]) == ("waiting", "UNCERTAIN_SUBMIT"), job
     assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [

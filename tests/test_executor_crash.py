@@ -119,17 +119,21 @@ def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charg
     assert reservation_of(job_id) == ("settled", Decimal("0.04"), Decimal("0.04"), Decimal("0"))
 
 
+def keyed_worker_down_for(ledger, down_s: float, **env) -> str:
+    """kill_while_submitting on a video-keyed job, its worker down for `down_s`, on a stack of its own
+    (the `stack` fixture's settings, with `env`)."""
+    stack = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1, **env)
+    try:
+        return kill_while_submitting(stack.start(), ledger, "sandbox/video-keyed", down_s=down_s)
+    finally:
+        stack.stop()
+
+
 def test_a_keyed_submit_found_after_the_wait_deadline_is_resent_and_pays_once(transactional_db, ledger):
     # Issue 21, finding 3: found after WAIT_DEADLINE_S, the attempt went to a person without one resend,
     # though a resend of its key returns the render for free. The deadline bounds an accepted render's
     # wait, not a key's life: the sandbox remembers keys for ever.
-    stack = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1,
-                  WAIT_DEADLINE_S=2)
-    try:
-        stack.start()
-        job_id = kill_while_submitting(stack, ledger, "sandbox/video-keyed", down_s=4.0)
-    finally:
-        stack.stop()
+    job_id = keyed_worker_down_for(ledger, 4.0, WAIT_DEADLINE_S=2)
 
     assert Job.objects.get(id=job_id).status == "succeeded"
     [attempt] = Attempt.objects.filter(job_id=job_id)
@@ -144,13 +148,7 @@ def test_a_keyed_submit_found_after_the_wait_deadline_is_resent_and_pays_once(tr
 def test_a_keyed_submit_found_after_its_key_may_have_expired_is_uncertain_and_never_resent(transactional_db, ledger):
     # Past key_ttl_s the provider may have forgotten the key, and a resend could make (and bill) the render
     # again: the attempt is uncertain, the job waits for a person, and nothing is sent again.
-    stack = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1,
-                  SANDBOX_KEY_TTL_S=4)
-    try:
-        stack.start()
-        job_id = kill_while_submitting(stack, ledger, "sandbox/video-keyed", down_s=5.0)
-    finally:
-        stack.stop()
+    job_id = keyed_worker_down_for(ledger, 5.0, SANDBOX_KEY_TTL_S=4)
 
     job = Job.objects.get(id=job_id)
     assert (job.status, job.error["code"]) == ("waiting", "UNCERTAIN_SUBMIT")
