@@ -292,9 +292,13 @@ METRICS_REDIS_URL = env_str("METRICS_REDIS_URL",
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True
 # Step and job rows hold every outcome; storing each task's return value would add a commit per message.
-# Failures are still stored (task_store_errors_even_if_ignored) so operators can see them.
+# Nor are failures stored: a task that failed because its database connection was cut had its error
+# written over the same dead connection, which raised outside the task; Celery's threads pool swallowed
+# that, the task was never completed nor acknowledged, and after WORKER_CONCURRENCY of them the worker
+# took no message again (the storm's connection cuts found it: tests/test_db_cuts.py). Every failure is
+# a JSON log line with its task id and traceback instead (config.logs).
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_STORE_ERRORS_EVEN_IF_IGNORED = True
+CELERY_TASK_STORE_ERRORS_EVEN_IF_IGNORED = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
