@@ -676,8 +676,14 @@ class Handler(BaseHTTPRequestHandler):
         return Response(200, {"faults": self.state.pending_faults()})
 
     def control_faults_add(self):
-        faults = _validate_faults(self._json_body())
-        return Response(200, {"faults": self.state.add_faults(faults)})
+        """POST /control/faults {"faults": [...], "first": false}: append the faults to the pending ones,
+        or with "first": true put them before every pending one (a test's fault for the very next call)."""
+        body = self._json_body()
+        faults = _validate_faults(body)
+        first = body.get("first", False)
+        if not isinstance(first, bool):
+            raise _invalid("first must be true or false")
+        return Response(200, {"faults": self.state.add_faults(faults, first=first)})
 
     def control_callbacks(self):
         return Response(200, {"callbacks": self.server.callbacks.log()})

@@ -167,8 +167,12 @@ class State:
             self.inputs[event["input"]["id"]] = event["input"]
             self._bump("inp", event["input"]["id"])
         elif kind == "faults":
-            for fault in event["faults"]:
-                self.faults.append(dict(fault))
+            added = [dict(fault) for fault in event["faults"]]
+            if event.get("first"):  # before every pending fault: the next matching calls take them
+                self.faults[0:0] = added
+            else:
+                self.faults.extend(added)
+            for fault in added:
                 self._bump("flt", fault["id"])
         else:
             raise ValueError(f"unknown journal event {kind!r}")
@@ -243,7 +247,8 @@ class State:
         with self.lock:
             self._emit(event)
 
-    def add_faults(self, faults: list[dict]) -> list[dict]:
+    def add_faults(self, faults: list[dict], *, first: bool = False) -> list[dict]:
+        """Append the faults to the pending ones, or (first) put them before every pending one."""
         with self.lock:
             numbered = []
             counter = self.counters["flt"]
@@ -251,7 +256,7 @@ class State:
                 counter += 1
                 numbered.append({"id": f"flt_{counter:06d}", **fault})
             if numbered:
-                self._emit({"e": "faults", "faults": numbered})
+                self._emit({"e": "faults", "faults": numbered, "first": first})
             return self.pending_faults()
 
     def pending_faults(self) -> list[dict]:

@@ -508,6 +508,16 @@ def test_fail_render_fault_accepts_charges_then_fails(sandbox):
     assert len(charges(sandbox)) == 1
 
 
+def test_faults_added_first_go_before_the_pending_ones(sandbox):
+    sandbox.faults([{"model": "*", "action": "status_429", "times": 2}])
+    pending = sandbox.faults([{"model": "*", "action": "status_503"}], first=True)
+    assert [f["action"] for f in pending] == ["status_503", "status_429"]
+    assert submit(sandbox, "video-keyed", params={"render_s": 5}).status_code == 503  # the one added first
+    assert submit(sandbox, "video-keyed", params={"render_s": 5}).status_code == 429
+    assert requests.post(f"{sandbox.url}/control/faults", json={"faults": [], "first": "yes"},
+                         timeout=5).status_code == 422
+
+
 def test_faults_are_consumed_in_order_by_matching_calls_only(sandbox):
     pending = sandbox.faults([
         {"model": "image-blind", "action": "status_500"},

@@ -258,10 +258,13 @@ class Storm:
             record.events["postgres restart"] = started
             record.events["postgres back"] = back
 
-    def _fault(self, faults: list[dict]) -> None:
+    def _fault(self, faults: list[dict], *, first: bool = False) -> None:
+        """Add faults to the sandbox's queue; `first` puts them before the pending ones (an aimed kill's
+        hold must catch the next calls, not wait behind the faults the storm has piled up)."""
         for _ in range(40):  # the sandbox may be coming back from its crash
             try:
-                response = requests.post(f"{self.stack.sandbox_url}/control/faults", json={"faults": faults}, timeout=10)
+                response = requests.post(f"{self.stack.sandbox_url}/control/faults",
+                                         json={"faults": faults, "first": first}, timeout=10)
                 break
             except requests.ConnectionError:
                 time.sleep(0.25)
@@ -297,14 +300,14 @@ class Storm:
         # workers tests nothing, and checks.check_landed fails a storm whose aimed kill hit nothing.
         for landed["tries"] in range(1, AIMED_TRIES + 1):
             if aim == "submit_in_flight":
-                self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 3, "times": 3}])
+                self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 3, "times": 3}], first=True)
                 time.sleep(1.5)
                 landed["calls_out"] = self._in_flight_submits()
                 if landed["calls_out"] or landed["tries"] == AIMED_TRIES:
                     self._kill(workers, down_s=0.5)
                     break
             elif aim == "answer_before_commit":
-                self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 1, "times": 3}])
+                self._fault([{"model": "*", "action": "delay", "on": "submit", "seconds": 1, "times": 3}], first=True)
                 time.sleep(0.3)
                 with checks.pg(self.stack.local_database_url) as conn:
                     rows = conn.execute("SELECT id FROM executor_attempt WHERE state = 'submitting' "

@@ -142,9 +142,9 @@ class SandboxProcess:
     def calls(self) -> list[dict]:
         return self._get("/control/calls")["calls"]
 
-    def faults(self, faults: list[dict]) -> list[dict]:
-        """Append faults; returns every pending fault."""
-        return self._post("/control/faults", {"faults": faults})["faults"]
+    def faults(self, faults: list[dict], *, first: bool = False) -> list[dict]:
+        """Append faults (or, `first`, put them before the pending ones); returns every pending fault."""
+        return self._post("/control/faults", {"faults": faults, "first": first})["faults"]
 
     def pending_faults(self) -> list[dict]:
         return self._get("/control/faults")["faults"]
