@@ -16,6 +16,9 @@ PINNED = [
     #          tests/test_money_invariants.py)
     (41, 500),  # a pass deciding from a stale attempt (tests/test_money_invariants.py)
     (61, 500),  # a keyed render paid twice after a refused resend made it uncertain (tests/test_executor.py)
+    (211, 500),  # the webhooks worker stopped for good after connection cuts (tests/test_db_cuts.py), and an
+    #            aimed kill's hold fault queued behind the storm's (tests/test_sandbox.py, faults added first)
+    (212, 500),  # the same stopped webhooks worker: five events never delivered (tests/test_db_cuts.py)
 ]
 
 
