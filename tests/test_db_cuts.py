@@ -36,29 +36,31 @@ def task_states(log: str) -> dict[str, set[str]]:
     return states
 
 
-def cut_connections(dbname: str, spare: int, seconds: float) -> int:
-    """pg_terminate_backend on every other connection to `dbname` every 50 ms, for `seconds`."""
+# The processes under test connect under this application name (libpq reads PGAPPNAME), so only their
+# connections are cut: the suite's own pooled connections to the same database are never touched.
+APP_NAME = "payonce-db-cuts-test"
+
+
+def cut_connections(dbname: str, seconds: float) -> int:
+    """pg_terminate_backend on the processes' connections to `dbname` every 50 ms, for `seconds`."""
     cuts = 0
     with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True) as admin:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             cuts += admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = %s AND pid NOT IN (pg_backend_pid(), %s)", [dbname, spare]).fetchone()[0]
+                " WHERE datname = %s AND application_name = %s", [dbname, APP_NAME]).fetchone()[0]
             time.sleep(0.05)
     return cuts
 
 
 def test_a_worker_whose_connections_are_cut_mid_task_completes_every_task_and_keeps_consuming(transactional_db):
     purge_queue(BROKER, "webhooks")
-    env = {"BROKER_URL": BROKER, "WEBHOOK_DRAIN_INTERVAL_S": 0.2}
+    env = {"BROKER_URL": BROKER, "WEBHOOK_DRAIN_INTERVAL_S": 0.2, "PGAPPNAME": APP_NAME}
     worker = ProcfileProcess("webhooks", env).start()
     beat = ProcfileProcess("beat", env).start()
     try:
-        with connection.cursor() as cursor:  # this test's own connection is spared
-            cursor.execute("SELECT pg_backend_pid()")
-            own_pid = cursor.fetchone()[0]
-        cuts = cut_connections(connection.settings_dict["NAME"], own_pid, seconds=20)
+        cuts = cut_connections(connection.settings_dict["NAME"], seconds=20)
         cut_over = len(worker.output())
         time.sleep(5)  # the last tasks cut end; the drain keeps ringing
     finally:

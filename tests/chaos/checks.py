@@ -23,6 +23,7 @@ was refused (BUDGET_EXCEEDED) at least once.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -380,6 +381,18 @@ def check_deliveries(storm, final: dict, result: Result) -> None:
     })
 
 
+def _spend(storm, client: str) -> dict:
+    """GET /v1/spend as a careful client reads it: a 503 (web's pooled connection was just cut, or the
+    database restarts: DATABASE_UNAVAILABLE) is asked again after its Retry-After."""
+    for _ in range(20):
+        response = storm.api("GET", client, "/v1/spend")
+        if response.status_code != 503:
+            break
+        time.sleep(min(float(response.headers.get("Retry-After") or 1), 2.0))
+    assert response.status_code == 200, (client, response.status_code, response.text[:300])
+    return response.json()
+
+
 def check_cap(storm, final: dict, result: Result) -> None:
     record = storm.record
     for breach in record.cap_breaches[:5]:
@@ -389,7 +402,7 @@ def check_cap(storm, final: dict, result: Result) -> None:
     from tests.chaos.storm import CAPS
 
     for name in CAPS:
-        spend = storm.api("GET", name, "/v1/spend").json()
+        spend = _spend(storm, name)
         if Decimal(spend["spent_usd"]) + Decimal(spend["reserved_usd"]) > Decimal(spend["cap_usd"]):
             result.fail(f"{name}'s spend at the end is over its cap: {spend}")
         jobs = [final[plan.key] for plan in storm.plan.jobs if plan.client == name and final.get(plan.key)]
