@@ -60,7 +60,7 @@ def test_a_worker_whose_connections_are_cut_mid_task_completes_every_task_and_ke
     worker = ProcfileProcess("webhooks", env).start()
     beat = ProcfileProcess("beat", env).start()
     try:
-        cuts = cut_connections(connection.settings_dict["NAME"], seconds=20)
+        cuts = cut_connections(connection.settings_dict["NAME"], seconds=15)
         cut_over = len(worker.output())
         time.sleep(5)  # the last tasks cut end; the drain keeps ringing
     finally:
