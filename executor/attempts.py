@@ -422,7 +422,7 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     # again from `last` would count that attempt as a try, call the model exhausted, and fail the job
     # with the other attempt out and charged (the storm found exactly that). This one steps back.
     # A try is an attempt (its unknown outcomes resent under one key are not tries); a paid failure is an
-    # attempt the provider accepted (charged, or maybe charged) that then failed.
+    # attempt the provider accepted (charged, or maybe charged) that then failed: Attempt.paid == "yes".
     paid = Q(accepted_at__isnull=False) | Q(cost_usd__isnull=False)
     earlier = Q(step=last.step, number__lte=last.number)
     counts = Attempt.objects.filter(job=job, run=job.run).aggregate(
@@ -431,11 +431,10 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
         newer=Count("id", filter=Q(step=last.step, number__gt=last.number)))
     if counts["newer"]:
         raise StepRetry(f"attempt {last.number} was followed by another execution's attempt", countdown=0.2)
-    last_paid = last.accepted_at is not None or last.cost_usd is not None
     retry_in = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
     decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
                                    error_class=last.error_class, tries_on_model=counts["tries"], retry_in_s=retry_in,
-                                   paid=last_paid, paid_failures=counts["paid_failures"])
+                                   paid=last.paid == "yes", paid_failures=counts["paid_failures"])
     if isinstance(decided, policy.Over) and decided.code == policy.PAID_ATTEMPT_FAILED:
         raise _paid_attempt_failed(job, last)
     if isinstance(decided, policy.Over):
