@@ -14,7 +14,7 @@ from billing.services import month_of
 from jobs.errors import InvalidRequest
 from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer
 
-_MONTH = re.compile(r"^(\d{4})-(\d{2})$")
+_MONTH = re.compile(r"\A(\d{4})-(\d{2})\Z", re.ASCII)  # ASCII digits only, the whole string
 # What the schema says: YYYY-MM from 2000-01 on (parse_month checks the same).
 MONTH_PATTERN = r"^([2-9][0-9]{3})-(0[1-9]|1[0-2])$"
 _MONEY = serializers.CharField(help_text="USD as a decimal string with 6 places")
@@ -53,7 +53,8 @@ class SpendView(APIView):
 
 # --- orders ------------------------------------------------------------------------------------------------
 
-_VISIBLE = re.compile(r"^[\x21-\x7e]{1,255}$")
+# The whole value (\A...\Z; drf-spectacular writes them ^...$ in the schema).
+_VISIBLE = re.compile(r"\A[\x21-\x7e]{1,255}\Z")
 
 
 class OrderCreateSerializer(StrictSerializer):
@@ -62,17 +63,22 @@ class OrderCreateSerializer(StrictSerializer):
 
     payment_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
     run_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
-    product = StrictRegexField(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+    product = StrictRegexField(r"\A[a-z0-9][a-z0-9._-]{0,99}\Z")
     input = serializers.DictField()
     email = serializers.EmailField(max_length=254)
 
     def validate(self, attrs):
-
-        report_input = {key: value for key, value in attrs["input"].items() if key != "email"}
-        checked = ReportInputSerializer(data={**report_input, "email": attrs["email"]})
+        """The input is a report's input without its email (the order's own `email` is the buyer's): an
+        `email` or any other unknown field inside it is refused, naming `input.<field>`, never dropped.
+        What is stored (and hashed: a body still accepted cleans to itself, chapter keys being taken as
+        sent, so a replay hashes as its row did) is the checked input, not the raw dict beside it."""
+        if "email" in attrs["input"]:
+            raise serializers.ValidationError({"input": {"email": [
+                "Unknown field: the buyer's email is the order's own `email`, not part of its input."]}})
+        checked = ReportInputSerializer(data={**attrs["input"], "email": attrs["email"]})
         if not checked.is_valid():
             raise serializers.ValidationError({"input": checked.errors})
-        attrs["input"] = report_input
+        attrs["input"] = {key: value for key, value in checked.validated_data.items() if key != "email"}
         return attrs
 
 

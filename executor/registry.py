@@ -111,8 +111,9 @@ def _sandbox_capabilities(declared: dict | None) -> Capabilities:
     return Capabilities(**declared, unpaid_statuses=_SANDBOX_UNPAID, key_ttl_s=settings.SANDBOX_KEY_TTL_S)
 # Every content type a job's output can have (GET /v1/jobs/{id}/output).
 OUTPUT_CONTENT_TYPES = ("video/mp4", "image/png", "application/octet-stream")
-_REPLICATE_MODEL = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?$")
-_OPENAI_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
+# Whole names (\A...\Z: `$` would also match before a final newline).
+_REPLICATE_MODEL = re.compile(r"\A[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?\Z")
+_OPENAI_MODEL = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}\Z")
 
 
 @lru_cache(maxsize=1024)

@@ -24,8 +24,8 @@ from django.utils import timezone
 
 from jobs.models import Client, Job, JobKind, JobStatus, OPEN_STATUSES, OperatorAction, OperatorActionKind
 
-UPSTREAM_KEY = re.compile(r"payonce-(?P<job>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(?P<n>\d+)")
-MONTH = re.compile(r"(?P<year>\d{4})-(?P<month>\d{2})")
+UPSTREAM_KEY = re.compile(r"payonce-(?P<job>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(?P<n>\d+)", re.ASCII)
+MONTH = re.compile(r"(?P<year>\d{4})-(?P<month>\d{2})", re.ASCII)  # used with fullmatch; ASCII digits only
 RETRYABLE = (JobStatus.FAILED, JobStatus.WAITING)
 CHUNK = 500  # rows per read while acting on a large match
 SAMPLE = 20  # ids kept on the audit row

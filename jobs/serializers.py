@@ -141,23 +141,32 @@ class MediaInputSerializer(serializers.Serializer):
             raise serializers.ValidationError({"non_field_errors": ["Expected an object."]})
         errors = input_problems(self.context["models"], data)
         try:
-            super().to_internal_value(data)
+            cleaned = super().to_internal_value(data)
         except serializers.ValidationError as exc:
             errors = {**exc.detail, **errors}
         if errors:
             raise serializers.ValidationError(errors)
-        return data  # validated; kept exactly as sent (the extra keys are the provider's parameters)
+        # The extra keys are the provider's parameters, kept as sent (input_problems checked them); the
+        # fields declared here are stored as they were checked (the prompt trimmed, the references
+        # cleaned), never the raw value beside a checked copy.
+        declared = {"prompt": cleaned["prompt"]}
+        if "references" in cleaned:
+            declared["references"] = [dict(ref) for ref in cleaned["references"]]
+        return {**data, **declared}
 
 
-_CHAPTER_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+# The whole key (\A...\Z: `$` would also match before a final newline), ASCII only.
+_CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
 
 
 class ReportInputSerializer(StrictSerializer):
     """A report's input: the subject it is written about (personal: purged after the retention period),
-    its chapters (slugs, in order, each once) and where the link goes."""
+    its chapters (slugs, in order, each once) and where the link goes. Its validated_data is what is
+    stored: a chapter key is taken exactly as sent (not trimmed: " sun" or "sun\n" is not a slug and
+    is refused, rather than checked trimmed and stored raw), the email trimmed as DRF's EmailField does."""
 
     subject = serializers.DictField()
-    chapters = serializers.ListField(child=StrictCharField(max_length=64), min_length=1)
+    chapters = serializers.ListField(child=StrictCharField(max_length=64, trim_whitespace=False), min_length=1)
     email = serializers.EmailField(max_length=254)
 
     def validate_subject(self, value):
@@ -173,7 +182,7 @@ class ReportInputSerializer(StrictSerializer):
 
         if len(value) > settings.REPORT_MAX_CHAPTERS:
             raise serializers.ValidationError(f"At most {settings.REPORT_MAX_CHAPTERS} chapters.")
-        bad = [key for key in value if not _CHAPTER_KEY.match(key)]
+        bad = [repr(key) for key in value if not _CHAPTER_KEY.match(key)]
         if bad:
             raise serializers.ValidationError(f"Chapter keys are slugs (a-z, 0-9, '-'): {', '.join(bad[:5])}.")
         if len(set(value)) != len(value):
@@ -241,20 +250,26 @@ class JobCreateSerializer(StrictSerializer):
         wrong_kind = [name for name in attrs["models"] if model_spec(name).job_kind != attrs["kind"]]
         if wrong_kind:
             errors["models"] = [f"Not a {attrs['kind']} model: {', '.join(wrong_kind)}."]
+        # What is validated is what is stored: each kind's cleaned input goes into the row. The body's
+        # hash (the Idempotency-Key's) stays over the input as sent (jobs.services.job_create says why).
         if attrs["kind"] == JobKind.MEDIA and "input" not in errors:
             media_input = MediaInputSerializer(data=attrs["input"], context={"models": attrs["models"]})
             if not media_input.is_valid():
                 errors["input"] = media_input.errors
             else:
-                refused = self._foreign_references(attrs["input"].get("references") or [])
+                refused = self._foreign_references(media_input.validated_data.get("references") or [])
                 if refused:
                     errors["input"] = {"references": refused}
+                else:
+                    attrs["input_as_sent"], attrs["input"] = attrs["input"], media_input.validated_data
         if attrs["kind"] == JobKind.REPORT and "input" not in errors:
             report_input = ReportInputSerializer(data=attrs["input"])
             if not report_input.is_valid():
                 errors["input"] = report_input.errors
             elif "output_key" in attrs:
                 errors["output_key"] = ["A report has no output key: it is read at /v1/jobs/{id}/report."]
+            else:
+                attrs["input_as_sent"], attrs["input"] = attrs["input"], dict(report_input.validated_data)
         if errors:
             raise serializers.ValidationError(errors)
         attrs.setdefault("policy", dict(DEFAULT_POLICY))

@@ -75,10 +75,15 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
        OutputKeyConflict, before anything is paid. (ON CONFLICT DO NOTHING names no arbiter, so either
        constraint makes it do nothing, and no error aborts a caller's transaction.)
     """
+    # The hash is over the input as the client sent it (`input_as_sent`, beside the cleaned `input`
+    # that is stored), as it always was: a replay of a body sent before inputs were stored cleaned
+    # (an email with a space around it) still hashes as its row did, so it stays a replay (202), not
+    # a 409. Two bodies that differ only in what cleaning removes are two requests under one key:
+    # the careful side (409), never two bodies taken for one.
     canonical = {
         "kind": data["kind"],
         "models": data["models"],
-        "input": data["input"],
+        "input": data.get("input_as_sent", data["input"]),
         "policy": data["policy"],
         "output_key": data.get("output_key"),
         "webhook_url": data.get("webhook_url"),

@@ -32,10 +32,11 @@ from jobs.models import Job, JobStatus, Report
 from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
 
-# 1 to 255 visible ASCII characters (DESIGN.md, section 1).
+# 1 to 255 visible ASCII characters (DESIGN.md, section 1). The schema's form (ECMA anchors); the code
+# matches the whole string (\A...\Z: `$` would also match before a final newline).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
-_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
-_JSON_CONTENT_TYPE = re.compile(r"^application/([a-z0-9.+-]+\+)?json$", re.IGNORECASE)
+_IDEMPOTENCY_KEY = re.compile(r"\A[\x21-\x7e]{1,255}\Z")
+_JSON_CONTENT_TYPE = re.compile(r"\Aapplication/([a-z0-9.+-]+\+)?json\Z", re.IGNORECASE | re.ASCII)
 
 _ERROR = inline_serializer(
     "Error",

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs.reports import reports_purge
 
-_AGE = re.compile(r"^(\d+)([dh])$")
+_AGE = re.compile(r"\A(\d+)([dh])\Z", re.ASCII)
 
 
 class Command(BaseCommand):
