@@ -15,6 +15,20 @@ class JobFailure(Exception):
         return {"code": self.code, "message": self.message, **self.details}
 
 
+class JobInputError(JobFailure):
+    """A database error that will recur (a value the column cannot hold, a check constraint) met while a
+    step ran: however often the step is run again it fails the same way, so the run ends
+    INTERNAL_INPUT_ERROR from whichever step it came, a fan-out's sub-step included."""
+
+    CODE = "INTERNAL_INPUT_ERROR"
+
+    def __init__(self, exc: BaseException):
+        cause = exc.__cause__ or exc
+        words = str(getattr(getattr(cause, "diag", None), "message_primary", None) or cause).splitlines()[0][:300]
+        super().__init__(self.CODE, f"A value of this job could not be stored: {words}.",
+                         sqlstate=getattr(cause, "sqlstate", None))
+
+
 class JobHold(JobFailure):
     """The run cannot go on without a person: the job goes to `waiting` (UNCERTAIN_SUBMIT, ...)."""
 

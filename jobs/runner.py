@@ -15,17 +15,19 @@ The runner talks only to the database. It answers with an outcome of jobs.workfl
 
 import functools
 import logging
+from contextlib import contextmanager
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from config.db import db_error_recurs
 from config.logs import log_context, log_event
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
 from jobs.models import JobStatus, StepStatus
-from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
+from jobs.outcomes import JobFailure, JobHold, JobInputError, NotYet, StepRetry
 from jobs.steps import (
     DoneMark,
     StepContext,
@@ -166,6 +168,8 @@ def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: st
     spec = StepSpec(fanout.step_name(key), lambda c: fanout.fn(c, key), Effect.EXTERNAL)
     try:
         outcome = _run_step(ctx, spec, fail_job=False)
+    except JobInputError as failure:  # not the chapter's: every run would meet it again, so the run ends
+        return _end_run(ctx, failure, spec.name)
     except JobFailure as failure:  # a sub-step's failure is its own; the stage after the join decides
         step_end_failed(ctx, spec.name, {"error": failure.as_error()})
         outcome = None
@@ -207,24 +211,48 @@ def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True, then: S
         return None
     spec = pending[0]
     try:
-        if spec.effect is Effect.DB:
-            return _run_db(ctx, pending, then)
-        if spec.effect is Effect.READ:
-            return _run_read(ctx, spec)
-        if spec.effect is Effect.EXTERNAL:
-            return _run_external(ctx, spec)
-        return _run_wait(ctx, spec)
+        with _recurring_db_errors_end_the_run():
+            if spec.effect is Effect.DB:
+                return _run_db(ctx, pending, then)
+            if spec.effect is Effect.READ:
+                return _run_read(ctx, spec)
+            if spec.effect is Effect.EXTERNAL:
+                return _run_external(ctx, spec)
+            return _run_wait(ctx, spec)
     except JobFailure as failure:  # JobHold too: the run ends here, waiting for a person or failed
         if not fail_job:
             raise
-        error = failure.as_error()
-        with transaction.atomic():
-            if isinstance(failure, JobHold):
-                services.job_hold(job_id=ctx.job.id, run=ctx.run, error=error)
-            else:
-                services.job_finish(job_id=ctx.job.id, status=JobStatus.FAILED, error=error)
-            step_end_failed(ctx, getattr(failure, "step", spec.name), {"error": error})
-        return Stop(f"{'held' if isinstance(failure, JobHold) else 'failed'}: {failure.code}")
+        return _end_run(ctx, failure, getattr(failure, "step", spec.name))
+
+
+@contextmanager
+def _recurring_db_errors_end_the_run():
+    """A database error that will recur (config.db.db_error_recurs: a value too long for its column, a
+    check constraint) becomes JobInputError, which ends the run: left to escape, the task would fail,
+    the job stay open, and every sweep resume it into the same error, for ever. Any other database
+    error (a connection cut, a restart, a deadlock) still escapes, and the sweeper resumes the job as
+    it always did. Raised after the transaction that met the error has rolled back (every `atomic`
+    the step opened lies inside this block), so ending the run writes on a clean connection."""
+    try:
+        yield
+    except DatabaseError as exc:
+        if not db_error_recurs(exc):
+            raise
+        logger.warning("a step met a database error that will recur: %s", exc)
+        raise JobInputError(exc) from exc
+
+
+def _end_run(ctx: StepContext, failure: JobFailure, step_name: str) -> Stop:
+    """The run ends on a failure: the job held for a person (JobHold) or failed, its event written in the
+    same transaction (jobs.services), and the step that failed recorded so (never run again)."""
+    error = failure.as_error()
+    with transaction.atomic():
+        if isinstance(failure, JobHold):
+            services.job_hold(job_id=ctx.job.id, run=ctx.run, error=error)
+        else:
+            services.job_finish(job_id=ctx.job.id, status=JobStatus.FAILED, error=error)
+        step_end_failed(ctx, step_name, {"error": error})
+    return Stop(f"{'held' if isinstance(failure, JobHold) else 'failed'}: {failure.code}")
 
 
 def _run_db(ctx: StepContext, specs: list[StepSpec], then: StepSpec | None = None):
@@ -235,7 +263,7 @@ def _run_db(ctx: StepContext, specs: list[StepSpec], then: StepSpec | None = Non
         with transaction.atomic():
             for spec in specs:
                 try:
-                    with log_context(job_id=ctx.job.id, run=ctx.run, step=spec.name):
+                    with log_context(job_id=ctx.job.id, run=ctx.run, step=spec.name), _recurring_db_errors_end_the_run():
                         marks.append((spec.name, spec.fn(ctx)))
                 except JobFailure as failure:
                     failure.step = spec.name  # the whole group rolls back; this step is the one that failed
