@@ -160,7 +160,11 @@ class Order(models.Model):
     status = models.CharField(max_length=16, choices=OrderStatus.choices)
     job = models.OneToOneField("jobs.Job", on_delete=models.PROTECT, null=True, blank=True, related_name="order")
     duplicate_of = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="duplicates")
-    mailed_at = models.DateTimeField(null=True, blank=True)  # a duplicate's email with the existing link
+    # A duplicate's email with the existing link: when it went, and to whom. Always the paid order's
+    # email (the buyer of record), never the address the duplicate names (`email`, kept as given): a
+    # personal report link goes only to the person it was made for.
+    mailed_at = models.DateTimeField(null=True, blank=True)
+    mailed_to = models.CharField(max_length=254, blank=True, default="", db_default="", verbose_name="link mailed to")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -4,12 +4,14 @@
    do nothing: `order_client_payment` (a replay of the same payment id: the same order, or a 409 when
    its body differs) or `order_one_paid_per_run_product` (a second payment for a run and product that
    already has a paid order, even one racing it).
-2. The second case is recorded as a `duplicate` of the paid order: no job, and the buyer is emailed
-   the existing link (a task, after commit, once: `mailed_at`).
+2. The second case is recorded as a `duplicate` of the paid order (with the email, input and subject it
+   gave): no job, and the paid order's buyer (the buyer of record, never the address the duplicate
+   names) is emailed the existing link (a task, after commit, once: `mailed_at`, `mailed_to`).
 3. A paid order creates its report job in the same transaction, under the idempotency key
-   `order:{payment_id}`, so the order and its job exist together or not at all.
+   `order_job_key(payment_id)`, so the order and its job exist together or not at all.
 """
 
+import hashlib
 import logging
 import uuid
 
@@ -30,6 +32,19 @@ VALUES (%(id)s, %(client)s, %(payment)s, %(run)s, %(product)s, %(input)s, %(emai
 ON CONFLICT DO NOTHING
 RETURNING id
 """
+
+
+def order_job_key(payment_id: str) -> str:
+    """The idempotency key of a paid order's report job: a namespace of its own, which no client's key
+    can reach, made from a hash of the whole payment id.
+
+    A client's Idempotency-Key is 1 to 255 visible ASCII characters (jobs.views): never a space, so a key
+    with a space in it is never one a client sent (once it was `order:<payment id>`: a client's own
+    `order:X` blocked payment X). The hash covers the whole payment id (once cut at 255 characters, two
+    long ids differing only at their end were one key: a 409). Jobs made under the old keys keep them:
+    an order is replayed by its payment id (order_client_payment) before a job is made, and a re-run
+    reuses its job, so no old key is ever looked up again and no row needs rewriting."""
+    return "order sha256:" + hashlib.sha256(payment_id.encode("utf-8")).hexdigest()
 
 
 def order_hash(data: dict) -> str:
@@ -70,7 +85,7 @@ def order_create(*, client, data: dict) -> tuple[Order, bool]:
                 return order_create(client=client, data=data)
             transaction.on_commit(lambda: _mail_duplicate_safely(inserted))
             return Order.objects.get(id=inserted), True
-        job, _ = job_create(client=client, idempotency_key=f"order:{data['payment_id']}"[:255], data={
+        job, _ = job_create(client=client, idempotency_key=order_job_key(data["payment_id"]), data={
             "kind": "report", "models": [settings.ORDER_REPORT_MODEL],
             "input": {**data["input"], "email": data["email"]},
             "policy": {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]},
@@ -91,16 +106,23 @@ def _mail_duplicate_safely(order_id) -> None:
 
 
 def duplicate_mail(*, order_id) -> bool:
-    """Email the buyer of a duplicate payment the link of the report their first payment made. Once:
-    conditional on `mailed_at`, set after the mail server took it (a crash between sends it again)."""
+    """Email the link of the existing report to the buyer of record: the paid order's email, never the
+    address the duplicate names (anyone can pay for a run again and name their own address; the link
+    is a bearer token to another person's report). Once: conditional on `mailed_at`, set with
+    `mailed_to` after the mail server took it (a crash between sends it again, to the same address).
+    A paid order whose personal data was purged has no address left: nothing is sent."""
     from jobs.reports import report_mail_link
 
     order = Order.objects.select_related("duplicate_of").get(id=order_id)
     if order.mailed_at is not None or order.duplicate_of is None or order.duplicate_of.job_id is None:
         return False
-    report_mail_link(job_id=order.duplicate_of.job_id, to=order.email,
+    buyer_of_record = order.duplicate_of.email
+    if not buyer_of_record:
+        return False
+    report_mail_link(job_id=order.duplicate_of.job_id, to=buyer_of_record,
                      subject="You already have this report")
-    return bool(Order.objects.filter(id=order.id, mailed_at__isnull=True).update(mailed_at=timezone.now()))
+    return bool(Order.objects.filter(id=order.id, mailed_at__isnull=True).update(
+        mailed_at=timezone.now(), mailed_to=buyer_of_record))
 
 
 def order_as_dict(order: Order) -> dict:
@@ -122,4 +144,4 @@ def orders_purge(*, job_ids) -> int:
     """Personal data purged: the orders of these jobs (and their duplicates) keep ids and status only."""
     paid = Order.objects.filter(job_id__in=job_ids)
     return (paid.update(input={"purged": True}, email="")
-            + Order.objects.filter(duplicate_of__in=paid).update(input={"purged": True}, email=""))
+            + Order.objects.filter(duplicate_of__in=paid).update(input={"purged": True}, email="", mailed_to=""))

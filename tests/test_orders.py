@@ -1,6 +1,7 @@
 """Paid orders, the bad input of reports and orders, personal data, and real money kept opt-in."""
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -48,28 +49,44 @@ def test_a_paid_order_makes_one_report_and_its_replay_is_the_same_order(report_w
     assert len(assert_books_balance(ledger)) == 4  # the synthesis and 3 chapters, once
 
 
-def test_a_second_payment_for_the_same_run_and_product_is_a_duplicate_that_mails_the_existing_link(
+def test_a_second_payment_for_the_same_run_and_product_is_a_duplicate_that_mails_only_the_buyer_of_record(
         report_worker, ledger, api, mailbox):
     paid = post_order(api, order_body(payment="pi_1")).json()
     wait_ended(api, paid["job_id"])
-    mailbox.wait_for(1)
+    [first_mail] = mailbox.wait_for(1)
+    assert first_mail["to"] == ["buyer@example.com"]
 
-    second = post_order(api, order_body(payment="pi_2", email="buyer.again@example.com"))
+    # Someone pays for the same run again and names their own address and subject.
+    second = post_order(api, order_body(payment="pi_2", email="someone.else@example.com",
+                                        input={"subject": {"name": "Someone Else"}, "chapters": CHAPTERS[:3]}))
 
     assert second.status_code == 201
     duplicate = second.json()
     assert (duplicate["status"], duplicate["job_id"], duplicate["duplicate_of"]) == ("duplicate", None, paid["id"])
     assert Job.objects.count() == 1  # no second report
     mails = mailbox.wait_for(2)
-    again = [m for m in mails if m["to"] == ["buyer.again@example.com"]]
-    assert len(again) == 1 and "/r/" in again[0]["body"]
-    first_link = [m for m in mails if m["to"] == ["buyer@example.com"]][0]["body"].split("/r/")[1].split()[0]
-    again_link = again[0]["body"].split("/r/")[1].split()[0]
-    # The existing report's link (each link is signed when it is sent, so the tokens differ by their time).
-    assert report_from_token(again_link).job_id == report_from_token(first_link).job_id
-    assert str(report_from_token(again_link).job_id) == paid["job_id"]
-    assert Order.objects.get(id=duplicate["id"]).mailed_at is not None
+    assert [m["to"] for m in mails] == [["buyer@example.com"], ["buyer@example.com"]]  # never the other address
+    again_link = mails[1]["body"].split("/r/")[1].split()[0]
+    assert str(report_from_token(again_link).job_id) == paid["job_id"]  # the existing report's link
+    recorded = Order.objects.get(id=duplicate["id"])
+    # The duplicate keeps what it gave, and says where the link went.
+    assert (recorded.email, recorded.input["subject"]) == ("someone.else@example.com", {"name": "Someone Else"})
+    assert recorded.mailed_at is not None and recorded.mailed_to == "buyer@example.com"
+    time.sleep(1.0)  # a mail sent late to the other address would have arrived by now
+    assert [m["to"] for m in mailbox.messages()] == [["buyer@example.com"], ["buyer@example.com"]]
     assert len(assert_books_balance(ledger)) == 4
+
+
+def test_the_admin_shows_a_duplicates_own_email_where_the_link_went_and_what_it_duplicates(admin_client, api):
+    paid = post_order(api, order_body(payment="pi_1")).json()
+    duplicate = post_order(api, order_body(payment="pi_2", email="someone.else@example.com")).json()
+    Order.objects.filter(id=duplicate["id"]).update(mailed_at=timezone.now(), mailed_to="buyer@example.com")
+
+    page = admin_client.get(f"/admin/billing/order/{duplicate['id']}/change/").content.decode()
+
+    assert "someone.else@example.com" in page  # the email the duplicate gave
+    assert "link mailed to" in page.lower() and "buyer@example.com" in page  # where the existing link went
+    assert f"/admin/billing/order/{paid['id']}/change/" in page and "order pi_1 (paid)" in page
 
 
 def test_another_clients_order_is_404(api, make_api):
@@ -225,3 +242,56 @@ def test_the_admin_shows_cost_per_order_and_re_runs_only_after_a_confirmation(ad
     assert (job.run, job.status) == (2, "queued")
     [entry] = OperatorAction.objects.all()
     assert (entry.action, entry.acted, entry.reason) == ("rerun", 1, "the buyer asked")
+
+
+# --- an order's job key, and what an order's input may hold (through the real web process) ------------
+
+
+@pytest.fixture
+def web_api(web_stack):
+    from jobs.services import client_create
+    from tests.support.http_api import HttpApi
+
+    return HttpApi(web_stack.url, client_create(name="shop"))
+
+
+def post_web_order(web_api, body):
+    return web_api.http.post(f"{web_api.base_url}/v1/orders", data=json.dumps(body), timeout=10,
+                             headers=web_api.headers(**{"Content-Type": "application/json"}))
+
+
+def test_two_long_payment_ids_that_differ_only_at_their_end_are_two_paid_orders(web_api):
+    common = "pi_" + "x" * 249  # with "order:" in front, both were cut to one 255-character job key
+
+    first = post_web_order(web_api, order_body(payment=common + "001", run="run-a"))
+    second = post_web_order(web_api, order_body(payment=common + "002", run="run-b"))
+
+    assert (first.status_code, second.status_code) == (201, 201), second.text
+    assert first.json()["status"] == second.json()["status"] == "paid"
+    assert first.json()["job_id"] != second.json()["job_id"]
+    assert Job.objects.count() == 2
+
+
+def test_a_clients_own_idempotency_key_cannot_block_a_payment(web_api, ledger):
+    squatted = web_api.create({"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "x"}},
+                              key="order:pi_squatted")
+    assert squatted.status_code == 201, squatted.text
+
+    order = post_web_order(web_api, order_body(payment="pi_squatted"))
+
+    assert order.status_code == 201, order.text
+    assert order.json()["status"] == "paid" and order.json()["job_id"] != squatted.json()["id"]
+    # And no client can send the order's own key: it has a space, which no Idempotency-Key may.
+    order_key = Job.objects.get(id=order.json()["job_id"]).idempotency_key
+    assert " " in order_key and web_api.create({}, key=order_key).status_code == 400
+
+
+@pytest.mark.parametrize("field", ["email", "notes"])
+def test_an_unknown_field_inside_an_orders_input_is_422_naming_it(web_api, field):
+    body = order_body(input={"subject": SUBJECT, "chapters": CHAPTERS[:3], field: "buyer.two@example.com"})
+
+    answer = post_web_order(web_api, body)
+
+    assert answer.status_code == 422, answer.text
+    assert list(answer.json()["error"]["fields"]["input"]) == [field]
+    assert Order.objects.count() == 0 and Job.objects.count() == 0
