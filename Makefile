@@ -23,11 +23,15 @@ migrate: install
 
 # honcho gives every process a PORT of its own (web 8000, worker 8100, ...): the links the worker writes
 # into job outputs and emails must name the web process's port.
+# The processes refuse the repository's development SECRET_KEY with DEBUG off (config.startup): unless
+# SECRET_KEY is set, `make run` generates a random one into var/secret_key once (readable by its owner
+# only) and every process of the stack reads it, so links mailed by one run still open after a restart.
 run: export PUBLIC_BASE_URL ?= http://127.0.0.1:$(PORT)
 run: migrate
 	mkdir -p var
+	test -s var/secret_key || (umask 077 && $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(50))" > var/secret_key)
 	$(BIN)/python manage.py demo_client
-	$(BIN)/honcho start -f Procfile -p $(PORT)
+	SECRET_KEY="$${SECRET_KEY:-$$(cat var/secret_key)}" $(BIN)/honcho start -f Procfile -p $(PORT)
 
 test: migrate
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ development stack (and a development stack never disturbs a benchmark)."""
 import http.client
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -52,13 +53,15 @@ class Stack:
             "OUTPUT_STORE_URL": f"file://{self.workdir / 'outputs'}",
             "PAYONCE_VAR_DIR": str(self.workdir / "var"),
             "PYTHONUNBUFFERED": "1",
+            # Every process refuses the repository's development key with DEBUG off (config.startup).
+            "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
             **{key: str(value) for key, value in env.items()},
         }
         self.processes: dict[str, subprocess.Popen] = {}
 
     def configure_this_process(self) -> None:
         """Point this process's Django (and Celery) at the benchmark's database and broker."""
-        for key in ("DATABASE_URL", "BROKER_URL", "SANDBOX_URL", "OUTPUT_STORE_URL", "PAYONCE_VAR_DIR"):
+        for key in ("DATABASE_URL", "BROKER_URL", "SANDBOX_URL", "OUTPUT_STORE_URL", "PAYONCE_VAR_DIR", "SECRET_KEY"):
             os.environ[key] = self.env[key]
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         sys.path.insert(0, str(ROOT))

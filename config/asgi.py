@@ -52,6 +52,10 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.limits import BodyLimitMiddleware  # noqa: E402 (after Django is set up)
+from config.startup import refuse_to_serve_with_development_settings  # noqa: E402
+
+# Before serving anything: never with the repository's SECRET_KEY when DEBUG is off (config.startup).
+refuse_to_serve_with_development_settings(settings)
 
 django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 

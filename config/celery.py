@@ -42,6 +42,19 @@ def _log_through_django(**_):
         app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
 
 
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _refuse_development_settings(**_):
+    """worker, webhooks and beat never start with the repository's SECRET_KEY when DEBUG is off (the
+    worker signs the report links it mails): config.startup says why, and what to set. It exits
+    (SystemExit): Celery logs and swallows an exception a signal's receiver raises."""
+    from django.conf import settings
+
+    from config.startup import refuse_to_serve_with_development_settings
+
+    refuse_to_serve_with_development_settings(settings)
+
+
 @signals.task_prerun.connect
 def _task_log_context(task=None, args=None, kwargs=None, **_):
     """Every line a task logs carries its arguments named like a log field (job_id, run, delivery_id)."""

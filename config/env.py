@@ -110,7 +110,7 @@ def email_from_url(url: str) -> dict:
     sends them (`?tls=1` for STARTTLS, `?ssl=1` for SMTPS)."""
     parts = urlsplit(url)
     if parts.scheme == "console":
-        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+        return {"EMAIL_BACKEND": "config.mail.EmailBackend"}  # Django's, with report links redacted
     if parts.scheme not in ("smtp", "smtps"):
         raise ImproperlyConfigured(f"EMAIL_URL: scheme {parts.scheme!r} is not console:// or smtp://")
     if not parts.hostname:

@@ -130,6 +130,9 @@ _SHAPES = (
     # Provider key formats: OpenAI and Anthropic (sk-...), Replicate (r8_...).
     (("sk-",), re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),
     (("r8_",), re.compile(r"\br8_[A-Za-z0-9]{16,}"), REDACTED),
+    # A report link's token (`/r/<signed token>`, jobs.reports.link_token): a bearer token to a buyer's
+    # report, in every mail a console backend prints (config.mail) and any line that quotes a link.
+    (("/r/",), re.compile(r"(/r/)[A-Za-z0-9_.:=-]{16,}"), r"\1" + REDACTED),
     # A password inside a URL (postgres://user:password@host, redis://:password@host, smtp://...).
     (("@",), re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@]*:)[^\s/?#@]+@"), r"\1" + REDACTED + "@"),
     # A key in a header's or a query's words: `x-api-key: ...`, `?api_key=...`, `"password": "..."`.

@@ -14,6 +14,7 @@ from config.env import (
     env_list,
     env_str,
 )
+from config.startup import DEVELOPMENT_SECRET_KEY
 from sandbox import callbacks as sandbox_callbacks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -21,7 +22,9 @@ VAR_DIR = Path(env_str("PAYONCE_VAR_DIR", str(BASE_DIR / "var")))
 
 # --- Django ------------------------------------------------------------------------------------------------
 
-SECRET_KEY = env_str("SECRET_KEY", "payonce-development-only-secret-key-change-me-in-production")
+# Unset, the repository's development key: fine with DEBUG on; with DEBUG off every long-running process
+# refuses to start with it (config.startup), and `make run` generates one into var/secret_key.
+SECRET_KEY = env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")

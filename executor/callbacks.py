@@ -34,6 +34,12 @@ _SECRETS = {"sandbox": "SANDBOX_CALLBACK_SECRET", "replicate": "REPLICATE_WEBHOO
 
 
 def _secret(provider: str) -> str:
+    """The provider's callback secret; "" takes no callbacks from it. The sandbox rings only while it is
+    the configured provider (REAL_PROVIDERS off): its secret has a development default, known to anyone
+    who reads the repository, so with real providers on a callback signed with it is refused (404)
+    instead of waking waiting steps into provider polls."""
+    if provider == "sandbox" and settings.REAL_PROVIDERS:
+        return ""
     return getattr(settings, _SECRETS[provider], "") if provider in _SECRETS else ""
 
 

@@ -14,6 +14,10 @@ def _free_port() -> int:
 
 
 os.environ.setdefault("BROKER_URL", "redis://127.0.0.1:6379/15")
+# A key of the suite's own, never the repository's development key: the processes the suite starts run
+# with DEBUG off, and refuse that key (config.startup); they inherit this one, so the links a worker
+# signs are read by the test process.
+os.environ.setdefault("SECRET_KEY", "payonce-test-suite-" + "k" * 40)
 os.environ.setdefault("PAYONCE_VAR_DIR", os.path.join(tempfile.gettempdir(), f"payonce-test-{os.getpid()}"))
 os.environ.setdefault("OUTPUT_STORE_URL", "file://" + os.path.join(os.environ["PAYONCE_VAR_DIR"], "outputs"))
 os.environ.setdefault("POLL_INTERVAL_S", "0.5")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -137,6 +138,8 @@ class Stack:
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
+            # Every process refuses the repository's development key with DEBUG off (config.startup).
+            "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
             "DATABASE_URL": self.database_url,
             "BROKER_URL": self.broker_url,
             "CACHE_URL": cache,

@@ -44,6 +44,9 @@ def process_env(**overrides) -> dict:
         "SANDBOX_URL": settings.SANDBOX_URL,
         "POLL_INTERVAL_S": str(settings.POLL_INTERVAL_S),
         "PAYONCE_VAR_DIR": str(settings.VAR_DIR),
+        # The test session's key (tests/settings.py): a process signs the links the tests read, and with
+        # DEBUG off it refuses the repository's development key (config.startup).
+        "SECRET_KEY": settings.SECRET_KEY,
         "PYTHONUNBUFFERED": "1",
     }
     env.update({key: str(value) for key, value in overrides.items()})
