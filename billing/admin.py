@@ -319,6 +319,14 @@ class OrderAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_rerun_permission(self, request):
+        """A re-run pays again: billing.rerun_order, beside reading orders (view_order)."""
+        return self.has_view_permission(request) and request.user.has_perm("billing.rerun_order")
+
+    def changelist_view(self, request, extra_context=None):
+        adminkit.refuse_unheld_action(self, request)
+        return super().changelist_view(request, extra_context)
+
     def get_urls(self):
         own = [path("<uuid:order_id>/rerun/", self.admin_site.admin_view(self.rerun_view), name="billing_order_rerun")]
         return own + super().get_urls()
@@ -326,14 +334,15 @@ class OrderAdmin(admin.ModelAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         order = Order.objects.select_related("job").filter(pk=object_id).first() if adminkit.is_uuid(object_id) else None
         rerun_url = ""
-        if order is not None and order.job_id and order.job.status in operations.RETRYABLE:
+        if (order is not None and order.job_id and order.job.status in operations.RETRYABLE
+                and self.has_rerun_permission(request)):
             rerun_url = reverse("admin:billing_order_rerun", args=[order.id])
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), "rerun_url": rerun_url})
 
     def rerun_view(self, request, order_id):
         """One order's re-run: the confirmation, then the re-run once a reason is given."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        if not self.has_rerun_permission(request):
+            raise PermissionDenied  # the confirmation page (GET) as well as the re-run (POST)
         order = Order.objects.filter(id=order_id).first()
         if order is None:
             raise Http404("No such order.")
@@ -341,7 +350,7 @@ class OrderAdmin(admin.ModelAdmin):
         return self._confirm_and_rerun(request, Job.objects.filter(id=order.job_id),
                                        f"order {order.id} (payment {order.payment_id})", hidden=[], back=back)
 
-    @admin.action(description="Re-run the reports (pays again)…")
+    @admin.action(description="Re-run the reports (pays again)…", permissions=["rerun"])
     def rerun(self, request, queryset):
         across, selected, hidden = adminkit.selection(request, "rerun")
         target = (f"orders matching {adminkit.describe_filter(request.GET) or 'every order'}" if across

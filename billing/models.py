@@ -176,6 +176,8 @@ class Order(models.Model):
             models.UniqueConstraint(fields=["client", "run_id", "product"], name=ORDER_ONE_PAID_CONSTRAINT,
                                     condition=Q(status=OrderStatus.PAID)),
         ]
+        # Re-running an order's report starts a new run, which pays again: a permission of its own (billing.admin).
+        permissions = [("rerun_order", "Can re-run orders' reports (pays again)")]
         ordering = ["-created_at"]
 
     def __str__(self):

@@ -5,7 +5,8 @@ through a confirmation with a count preview and a required reason, and an audit 
 Big tables: the list never counts the whole table (CappedPaginator), sorts on an index (job_created,
 job_status_created) and searches by id, upstream key, idempotency key or metadata pair (jobs_search)."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import DecimalField, OuterRef, Subquery, Sum
 from django.http import Http404
@@ -97,16 +98,34 @@ class AttemptCost(Subquery):
 # this filter matches" reads the same parameters the list was filtered with.
 LIST_PARAMS = {"status__exact": "status", "kind__exact": "kind", "client__id__exact": "client", "model": "model",
                "month": "month", "q": "search"}
-BULK = {  # action -> (verb, pays again)
-    OperatorActionKind.CANCEL: ("cancel", False),
-    OperatorActionKind.RETRY: ("retry", True),
-    OperatorActionKind.REPLAY: ("replay the deliveries of", False),
+# The list's own parameters that are not filters (ordering, page, the list's popup flags): carried by a
+# bulk link from the list, ignored by the action.
+LIST_VIEW_PARAMS = {"o", "p", "e", "_changelist_filters"}
+BULK = {  # action -> (verb, pays again, the permission it needs beside jobs.view_job)
+    OperatorActionKind.CANCEL: ("cancel", False, "jobs.cancel_job"),
+    OperatorActionKind.RETRY: ("retry", True, "jobs.retry_job"),
+    OperatorActionKind.REPLAY: ("replay the deliveries of", False, "webhooks.replay_delivery"),
 }
 
 
 def filter_from_params(params) -> JobFilter:
     values = {field: params.get(name, "") for name, field in LIST_PARAMS.items()}
     return JobFilter(**values, ids=params.getlist("id"))
+
+
+def bulk_filter_from_params(params) -> JobFilter:
+    """The jobs a bulk URL targets. A parameter the list does not know (`?status=running` for
+    `status__exact`) is refused: ignoring it once made a bulk retry target every job. No filter at all
+    means nothing unless `all=1` says "every job" on purpose (the list's bulk links add it to an
+    unfiltered list; the CLI asks for --all)."""
+    unknown = sorted(set(params) - set(LIST_PARAMS) - LIST_VIEW_PARAMS - {"id", "all"})
+    if unknown:
+        raise OperationRefused(f"unknown filter parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
+                               f"(known: {', '.join([*LIST_PARAMS, 'id', 'all'])}); nothing was done")
+    job_filter = filter_from_params(params)
+    if job_filter.describe() == "every job" and params.get("all") != "1":
+        raise OperationRefused("no filter: filter the list first, or add all=1 to mean every job; nothing was done")
+    return job_filter
 
 
 @admin.register(Job)
@@ -147,10 +166,33 @@ class JobAdmin(admin.ModelAdmin):
     def cost(self, job):
         return job.attempts_cost if job.attempts_cost is not None else "—"
 
+    # --- permissions: reading needs view_job; each action its own permission (BULK) -----------------------
+
+    def may(self, request, action) -> bool:
+        return self.has_view_permission(request) and request.user.has_perm(BULK[action][2])
+
+    def has_cancel_permission(self, request):
+        return self.may(request, OperatorActionKind.CANCEL)
+
+    def has_retry_permission(self, request):
+        return self.may(request, OperatorActionKind.RETRY)
+
+    def has_replay_permission(self, request):
+        return self.may(request, OperatorActionKind.REPLAY)
+
+    def _refuse_unless_viewer(self, request):
+        # Before any lookup: a staff user without view_job learns nothing, not even whether the id exists.
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+
     def changelist_view(self, request, extra_context=None):
-        query = request.GET.urlencode()
-        bulk = [(reverse("admin:jobs_job_bulk", args=[action]) + (f"?{query}" if query else ""), verb)
-                for action, (verb, _) in BULK.items()]
+        adminkit.refuse_unheld_action(self, request)
+        params = request.GET.copy()
+        if not set(params) - LIST_VIEW_PARAMS:
+            params["all"] = "1"  # the unfiltered list's bulk link means every job, said on purpose
+        query = params.urlencode()
+        bulk = [(reverse("admin:jobs_job_bulk", args=[action]) + f"?{query}", verb)
+                for action, (verb, _, _) in BULK.items() if self.may(request, action)]
         return super().changelist_view(request, {**(extra_context or {}), "bulk_links": bulk,
                                                  "count_cap": CappedPaginator.CAP})
 
@@ -164,6 +206,7 @@ class JobAdmin(admin.ModelAdmin):
         return own + super().get_urls()
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        self._refuse_unless_viewer(request)
         job = Job.objects.select_related("client").filter(pk=object_id).first() if adminkit.is_uuid(object_id) else None
         if job is None:
             raise Http404("No such job.")
@@ -176,8 +219,8 @@ class JobAdmin(admin.ModelAdmin):
             "entries": entries, "older_left_out": older_left_out,
             "cost": _cost_of(job),
             "actions": [(reverse("admin:jobs_job_bulk", args=[action]) + one, verb)
-                        for action, (verb, _) in BULK.items()
-                        if _applies(action, job)],
+                        for action, (verb, _, _) in BULK.items()
+                        if _applies(action, job) and self.may(request, action)],
         })
 
     def output_view(self, request, job_id):
@@ -186,6 +229,7 @@ class JobAdmin(admin.ModelAdmin):
 
         from executor.store import client_store
 
+        self._refuse_unless_viewer(request)
         job = Job.objects.filter(id=job_id).first()
         if job is None or not job.output:
             raise Http404("No output.")
@@ -206,11 +250,13 @@ class JobAdmin(admin.ModelAdmin):
         action once a reason is given."""
         if action not in BULK:
             raise Http404("No such action.")
+        if not self.may(request, action):
+            raise PermissionDenied  # the preview (GET) as well as the act (POST): both need the permission
         try:
-            job_filter = filter_from_params(request.GET)
+            job_filter = bulk_filter_from_params(request.GET)
             jobs = job_filter.jobs()
         except OperationRefused as exc:
-            self.message_user(request, str(exc), level="error")
+            self.message_user(request, str(exc), level=messages.ERROR)
             return redirect("admin:jobs_job_changelist")
         query = request.GET.copy()
         query.pop("id", None)
@@ -220,7 +266,7 @@ class JobAdmin(admin.ModelAdmin):
         return self._confirm_and_act(request, action, jobs, job_filter.describe(), hidden=[], back=back)
 
     def _confirm_and_act(self, request, action, jobs, target, *, hidden, back):
-        verb, pays_again = BULK[action]
+        verb, pays_again, _ = BULK[action]
         return adminkit.confirm_or_act(
             self, request, back=back,
             act=lambda **who_and_reason: operations.jobs_act(action=action, jobs=jobs, target=target, via="admin",
@@ -239,15 +285,17 @@ class JobAdmin(admin.ModelAdmin):
         return self._confirm_and_act(request, action, jobs, target, hidden=hidden,
                                      back=request.get_full_path())
 
-    @admin.action(description="Cancel the selected jobs…")
+    # Each action is offered (and run: Django's response_action offers only these) to holders of its
+    # permission alone: has_<name>_permission above.
+    @admin.action(description="Cancel the selected jobs…", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
         return self._selection_action(request, queryset, OperatorActionKind.CANCEL)
 
-    @admin.action(description="Retry the selected jobs (pays again)…")
+    @admin.action(description="Retry the selected jobs (pays again)…", permissions=["retry"])
     def retry_selected(self, request, queryset):
         return self._selection_action(request, queryset, OperatorActionKind.RETRY)
 
-    @admin.action(description="Replay the selected jobs' deliveries…")
+    @admin.action(description="Replay the selected jobs' deliveries…", permissions=["replay"])
     def replay_selected(self, request, queryset):
         return self._selection_action(request, queryset, OperatorActionKind.REPLAY)
 

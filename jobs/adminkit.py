@@ -6,6 +6,7 @@ import uuid
 
 from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -66,6 +67,14 @@ def confirm_or_act(model_admin, request, *, act, preview, back: str, done_url: s
             acted_message(model_admin, request, entry, done=done.format(entry=entry) if done else "")
             return redirect(done_url or back)
     return confirm_page(request, model_admin.admin_site, preview=preview(), back_url=back, reason_error=error, **page)
+
+
+def refuse_unheld_action(model_admin, request) -> None:
+    """A list action posted by a user who does not hold its permission is a 403, not Django's silent list
+    page ("no action selected"): nothing is acted either way, and this answer says why."""
+    action = request.POST.get("action") if request.method == "POST" else None
+    if action and action not in model_admin.get_actions(request):
+        raise PermissionDenied
 
 
 def selection(request, action: str) -> tuple[bool, list[str], list[tuple[str, str]]]:

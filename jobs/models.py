@@ -95,6 +95,13 @@ class Job(models.Model):
             models.UniqueConstraint(fields=["client", "output_key"], name="job_client_output_key"),
             models.CheckConstraint(condition=Q(run__gte=1), name="job_run_positive"),
         ]
+        # The admin's actions, each a permission of its own beside Django's view_job (jobs.admin): a staff
+        # user may read jobs without being able to pay again. Replaying a job's deliveries needs
+        # webhooks.replay_delivery.
+        permissions = [
+            ("retry_job", "Can retry jobs (a new run: pays again)"),
+            ("cancel_job", "Can cancel jobs"),
+        ]
         indexes = [
             # GET /v1/jobs: a client's jobs, newest first, optionally by status.
             models.Index(fields=["client", "-created_at", "-id"], name="job_client_created"),

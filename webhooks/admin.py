@@ -61,7 +61,14 @@ class DeliveryAdmin(admin.ModelAdmin):
     inlines = [DeliveryAttemptInline]
     actions = ["replay"]
 
-    @admin.action(description="Replay: send the stored envelope again, same webhook-id…")
+    def has_replay_permission(self, request):
+        return self.has_view_permission(request) and request.user.has_perm("webhooks.replay_delivery")
+
+    def changelist_view(self, request, extra_context=None):
+        adminkit.refuse_unheld_action(self, request)
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Replay: send the stored envelope again, same webhook-id…", permissions=["replay"])
     def replay(self, request, queryset):
         queryset = queryset.select_related(None)  # the replay reads ids only
         target, hidden = _selection(request, "replay", "deliveries")
@@ -128,9 +135,15 @@ class DeadLetterAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # an event that happened: replay it, never delete it
 
+    def has_replay_permission(self, request):
+        """Replaying sends the stored envelope again: webhooks.replay_delivery, beside reading dead letters."""
+        return self.has_view_permission(request) and request.user.has_perm("webhooks.replay_delivery")
+
     def changelist_view(self, request, extra_context=None):
+        adminkit.refuse_unheld_action(self, request)
         query = request.GET.urlencode()
-        replay_all = reverse("admin:webhooks_deadletter_replay_matching") + (f"?{query}" if query else "")
+        replay_all = (reverse("admin:webhooks_deadletter_replay_matching") + (f"?{query}" if query else "")
+                      if self.has_replay_permission(request) else "")
         return super().changelist_view(request, {**(extra_context or {}), "replay_matching_url": replay_all})
 
     # --- a dead letter's page ---------------------------------------------------------------------------
@@ -157,14 +170,15 @@ class DeadLetterAdmin(admin.ModelAdmin):
             "letter": letter, "dead": letter.status == DeliveryStatus.DEAD, "envelope": _pretty(letter.envelope),
             "tries": tries, "body_shown": BODY_SHOWN, "url": letter.url or _endpoint_url(letter),
             "job_url": reverse("admin:jobs_job_change", args=[letter.job_id]),
-            "replay_url": reverse("admin:webhooks_deadletter_replay", args=[quote(letter.id)]),
+            "replay_url": (reverse("admin:webhooks_deadletter_replay", args=[quote(letter.id)])
+                           if self.has_replay_permission(request) else ""),
         })
 
     # --- replay: one, the selection, every match --------------------------------------------------------
 
     def replay_one_view(self, request, object_id):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        if not self.has_replay_permission(request):
+            raise PermissionDenied  # the confirmation page (GET) as well as the replay (POST)
         ident = unquote(object_id)
         if not Delivery.objects.filter(id=ident).exists():
             raise Http404("No such delivery.")
@@ -174,7 +188,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def replay_matching_view(self, request):
         """Every dead letter the list's filter and search match (its query string), not only one page."""
-        if not self.has_view_permission(request):
+        if not self.has_replay_permission(request):
             raise PermissionDenied
         try:
             letters = self.get_changelist_instance(request).get_queryset(request)
@@ -186,7 +200,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
                                         f"dead letters matching {adminkit.describe_filter(request.GET) or 'every row'}",
                                         hidden=[], back=back)
 
-    @admin.action(description="Replay the selected dead letters…")
+    @admin.action(description="Replay the selected dead letters…", permissions=["replay"])
     def replay_selected(self, request, queryset):
         target, hidden = _selection(request, "replay_selected", "dead letters")
         return self._confirm_and_replay(request, queryset, target, hidden=hidden, back=request.get_full_path())

@@ -77,6 +77,9 @@ class Delivery(models.Model):
             models.Index(fields=["status", "created_at"], name="delivery_status_created"),
         ]
         verbose_name_plural = "deliveries"
+        # Replaying (a delivery, a dead letter, a job's deliveries) sends a stored envelope again: an action
+        # of its own, not implied by reading deliveries (webhooks.admin, jobs.admin).
+        permissions = [("replay_delivery", "Can replay webhook deliveries (the stored envelope, same webhook-id)")]
 
     def __str__(self):
         return self.id

@@ -37,8 +37,22 @@ def refused(message: str) -> CommandError:
     return CommandError(message, returncode=EXIT_REFUSED)
 
 
+# Who the commands are for. The admin checks a permission per action (a staff user may read jobs without
+# being able to retry them); the CLI cannot: whoever runs manage.py on the machine holds the database's
+# credentials and so could do anything. Give people who should hold only some actions the admin.
+FOR_WHOM = ("For the machine's operators: whoever can run manage.py here holds the database's credentials, so "
+            "the admin's per-action permissions (view_job, cancel_job, retry_job, rerun_order, replay_delivery) "
+            "do not apply. Give a person who may only read, or may not pay again, an admin account instead.")
+
+
 class OperatorCommand(BaseCommand):
-    """A command whose refusals (jobs.operations' OperationRefused included) exit 2 with one clear line."""
+    """A command whose refusals (jobs.operations' OperationRefused included) exit 2 with one clear line.
+    Every one of them says in its --help whom it is for (FOR_WHOM)."""
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.epilog = FOR_WHOM
+        return parser
 
     def execute(self, *args, **options):
         try:
