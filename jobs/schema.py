@@ -27,6 +27,36 @@ def report_fields_are_optional(result, generator, request, public):
 # drf-spectacular does not see it: it is described here, with its headers, so that clients and the API
 # fuzzing know it as they know the others.
 _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+_STATUS = {"type": "string", "enum": ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]}
+# What a frame's data holds: the snapshot (jobs.selectors.job_snapshot), or, for `event: end`, the status.
+_SNAPSHOT = {"type": "object", "additionalProperties": False,
+             "required": ["status", "run", "steps", "cost"],
+             "properties": {
+                 "status": _STATUS, "run": {"type": "integer", "minimum": 1},
+                 "steps": {"type": "array", "items": {"type": "object", "required": ["name", "status"],
+                                                       "properties": {"name": {"type": "string"},
+                                                                      "status": {"type": "string"}}}},
+                 "chapters": {"type": "object", "required": ["done", "total"],
+                              "properties": {"done": {"type": "integer", "minimum": 0},
+                                             "total": {"type": "integer", "minimum": 1}}},
+                 "cost": {"type": "object", "required": ["total_usd", "unpriced_attempts"],
+                          "properties": {"total_usd": {"type": "string", "pattern": "^[0-9]+\\.[0-9]{6}$"},
+                                         "unpriced_attempts": {"type": "integer", "minimum": 0}}},
+             }}
+_END = {"type": "object", "additionalProperties": False, "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["succeeded", "failed", "cancelled"]}}}
+# One event of the stream (OpenAPI before 3.2: a text/event-stream schema describes each event).
+_EVENT = {
+    "type": "object", "required": ["data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["message", "end"],
+                  "description": "`end` after the frame that shows a terminal status; the stream then closes."},
+        "id": {"type": "string", "pattern": "^[0-9]{1,19}$", "description": "The frame's id (frames only)."},
+        # JSON in a string: OpenAPI 3.0 cannot say so (contentSchema is 3.1), hence the extension.
+        "data": {"type": "string", "description": "JSON: the snapshot, or for `end` the status.",
+                 "x-json-schema": {"oneOf": [_SNAPSHOT, _END]}},
+    },
+}
 EVENTS_OPERATION = {
     "operationId": "jobs_events",
     "description": (
@@ -45,7 +75,8 @@ EVENTS_OPERATION = {
     "tags": ["jobs"],
     "security": [{"BearerAuth": []}],
     "responses": {
-        "200": {"description": "The stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        "200": {"description": "The stream; the schema is each event's.",
+                "content": {"text/event-stream": {"schema": _EVENT}}},
         "401": {"description": "", "content": _ERROR_REF},
         "404": {"description": "", "content": _ERROR_REF},
         "429": {"description": "TOO_MANY_STREAMS: the client (or this web process) has as many streams open as "
