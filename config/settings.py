@@ -267,7 +267,8 @@ SSE_INTERVAL_S = env_float("SSE_INTERVAL_S", 1.2, minimum=0.05)
 SSE_MAX_S = env_float("SSE_MAX_S", 600.0, minimum=1.0)
 # At most this many open streams per client, counted across every web process (leases in CACHE_URL's
 # Redis; without one, per process), and per web process whoever opens them; one more is 429
-# TOO_MANY_STREAMS (jobs.streams). 200 streams a process is what one core serves with room for the API.
+# TOO_MANY_STREAMS (jobs.streams). 200 a process: tests/test_events.py holds 200 open on two cores while
+# the API still answers; each costs a snapshot read every SSE_INTERVAL_S.
 SSE_MAX_PER_CLIENT = env_int("SSE_MAX_PER_CLIENT", 20, minimum=1)
 SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)
 

@@ -85,6 +85,12 @@ def test_the_last_spend_month_a_date_can_answer_is_answered(web_stack):
     assert answer.status_code == 200 and answer.json()["resets_at"] == "9999-12-01T00:00:00Z"
 
 
+def test_a_page_limit_of_thousands_of_digits_is_422(web_stack):
+    api = HttpApi(web_stack.url, client_create(name="long-limit"))
+    answer = api.get("/v1/jobs", limit="9" * 4301)
+    assert answer.status_code == 422 and answer.json()["error"]["code"] == "INVALID_REQUEST", answer.text
+
+
 def test_the_report_of_a_media_job_is_404_not_a_report(web_stack):
     api = HttpApi(web_stack.url, client_create(name="media-only"))
     job_id = api.create({"kind": "media", "models": ["sandbox/video-keyed"],
