@@ -14,9 +14,12 @@ from billing.services import month_of
 from jobs.errors import InvalidRequest
 from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer
 
-_MONTH = re.compile(r"\A(\d{4})-(\d{2})\Z", re.ASCII)  # ASCII digits only, the whole string
-# What the schema says: YYYY-MM from 2000-01 on (parse_month checks the same).
-MONTH_PATTERN = r"^([2-9][0-9]{3})-(0[1-9]|1[0-2])$"
+# ASCII digits only (`\d` would take any script's digits, fullwidth ones included), anchored at both ends
+# (`$` also matches before a final newline).
+_MONTH = re.compile(r"\A([0-9]{4})-([0-9]{2})\Z", re.ASCII)
+# What the schema says: YYYY-MM from 2000-01 to 9999-11; a month's answer names the moment it resets, and
+# 9999-12 would reset in the year 10000, which no date holds (parse_month checks the same).
+MONTH_PATTERN = r"^(([2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])|9999-(0[1-9]|1[01]))$"
 _MONEY = serializers.CharField(help_text="USD as a decimal string with 6 places")
 
 _SPEND = inline_serializer("Spend", {
@@ -35,8 +38,9 @@ def parse_month(raw: str | None) -> date:
     if raw is None or raw == "":
         return month_of(timezone.now())
     match = _MONTH.match(raw)
-    if not match or not (1 <= int(match.group(2)) <= 12) or not (2000 <= int(match.group(1)) <= 9999):
-        raise InvalidRequest("Invalid month.", fields={"month": ["YYYY-MM, a month from 2000-01 on."]})
+    if not match or not (1 <= int(match.group(2)) <= 12) or not ((2000, 1) <= (int(match.group(1)), int(match.group(2)))
+                                                                  <= (9999, 11)):
+        raise InvalidRequest("Invalid month.", fields={"month": ["YYYY-MM, a month from 2000-01 to 9999-11."]})
     return date(int(match.group(1)), int(match.group(2)), 1)
 
 

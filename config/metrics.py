@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
@@ -291,6 +292,7 @@ def _refusal(request) -> JsonResponse | None:
                         status=403)
 
 
+@csrf_exempt  # no cookie is ever read here (token or loopback): a POST is the JSON 405 below, not the CSRF page
 def metrics_view(request):
     if request.method not in ("GET", "HEAD"):
         response = JsonResponse(error_body("METHOD_NOT_ALLOWED", "GET /metrics."), status=405)

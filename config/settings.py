@@ -185,7 +185,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "jobs.schema.report_fields_are_optional"],
+                             "jobs.schema.report_fields_are_optional", "jobs.schema.event_stream_path"],
 }
 
 # Where links to outputs point (job JSON, webhooks). The API serves filesystem-store outputs itself.
@@ -287,6 +287,12 @@ ORDER_REPORT_MODEL = env_str("ORDER_REPORT_MODEL", "sandbox/llm")
 # Event streams (GET /v1/jobs/{id}/events): how often the job is read again, and how long a stream lasts.
 SSE_INTERVAL_S = env_float("SSE_INTERVAL_S", 1.2, minimum=0.05)
 SSE_MAX_S = env_float("SSE_MAX_S", 600.0, minimum=1.0)
+# At most this many open streams per client, counted across every web process (leases in CACHE_URL's
+# Redis; without one, per process), and per web process whoever opens them; one more is 429
+# TOO_MANY_STREAMS (jobs.streams). 200 a process: tests/test_events.py holds 200 open on two cores while
+# the API still answers; each costs a snapshot read every SSE_INTERVAL_S.
+SSE_MAX_PER_CLIENT = env_int("SSE_MAX_PER_CLIENT", 20, minimum=1)
+SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)
 
 # Mail: EMAIL_URL (console:// prints, smtp://host:port sends).
 EMAIL_URL = env_str("EMAIL_URL", "console://")

@@ -1,16 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.metrics import metrics_view
 from jobs import views as job_views
+from jobs.schema import DocsView, SchemaView
 
 urlpatterns = [
     path("v1/", include("jobs.urls")),
     path("v1/", include("billing.urls")),
     path("v1/", include("executor.urls")),
-    path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
-    path("v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("v1/schema", SchemaView.as_view(), name="schema"),
+    path("v1/docs", DocsView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),
     path("r/<str:token>", job_views.report_page, name="report-page"),
     path("metrics", metrics_view, name="metrics"),

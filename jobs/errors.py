@@ -53,6 +53,20 @@ class ReportNotSealed(ApiError):
     code = "REPORT_NOT_SEALED"
 
 
+class NotAReport(ApiError):
+    """GET /v1/jobs/{id}/report of a media job: there is no report to wait for, so not a 409."""
+
+    status_code = status.HTTP_404_NOT_FOUND
+    code = "NOT_A_REPORT"
+
+
+class TooManyStreams(ApiError):
+    """One event stream more than SSE_MAX_PER_CLIENT (scope "client") or SSE_MAX_PER_PROCESS ("process")."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    code = "TOO_MANY_STREAMS"
+
+
 class StoreUnavailable(ApiError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     code = "STORE_UNAVAILABLE"

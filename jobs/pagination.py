@@ -28,7 +28,8 @@ PAGE_MAX_BYTES = 1024 * 1024
 def _limit(raw: str | None) -> int:
     if raw is None:
         return DEFAULT_LIMIT
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
+    # The length first: int() refuses a string of more than 4,300 digits (a 500, not a 422).
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 1 <= int(raw) <= MAX_LIMIT:
         raise InvalidRequest("Invalid limit.", fields={"limit": [f"A whole number from 1 to {MAX_LIMIT}."]})
     return int(raw)
 

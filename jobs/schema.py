@@ -1,6 +1,10 @@
-"""OpenAPI description of the Bearer API-key authentication (drf-spectacular extension)."""
+"""The OpenAPI document: the Bearer API-key authentication (drf-spectacular extension), the hooks that
+complete what drf-spectacular sees, and the views that serve the document and its page."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
 
 
 class BearerAPIKeyScheme(OpenApiAuthenticationExtension):
@@ -17,3 +21,93 @@ def report_fields_are_optional(result, generator, request, public):
     if job and "chapters" in job.get("required", []):
         job["required"].remove("chapters")
     return result
+
+
+# The event stream is an async Django view (DRF views cannot stream without a thread each), so
+# drf-spectacular does not see it: it is described here, with its headers, so that clients and the API
+# fuzzing know it as they know the others.
+_ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+_STATUS = {"type": "string", "enum": ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]}
+# What a frame's data holds: the snapshot (jobs.selectors.job_snapshot), or, for `event: end`, the status.
+_SNAPSHOT = {"type": "object", "additionalProperties": False,
+             "required": ["status", "run", "steps", "cost"],
+             "properties": {
+                 "status": _STATUS, "run": {"type": "integer", "minimum": 1},
+                 "steps": {"type": "array", "items": {"type": "object", "required": ["name", "status"],
+                                                       "properties": {"name": {"type": "string"},
+                                                                      "status": {"type": "string"}}}},
+                 "chapters": {"type": "object", "required": ["done", "total"],
+                              "properties": {"done": {"type": "integer", "minimum": 0},
+                                             "total": {"type": "integer", "minimum": 1}}},
+                 "cost": {"type": "object", "required": ["total_usd", "unpriced_attempts"],
+                          "properties": {"total_usd": {"type": "string", "pattern": "^[0-9]+\\.[0-9]{6}$"},
+                                         "unpriced_attempts": {"type": "integer", "minimum": 0}}},
+             }}
+_END = {"type": "object", "additionalProperties": False, "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["succeeded", "failed", "cancelled"]}}}
+# One event of the stream (OpenAPI before 3.2: a text/event-stream schema describes each event).
+_EVENT = {
+    "type": "object", "required": ["data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["message", "end"],
+                  "description": "`end` after the frame that shows a terminal status; the stream then closes."},
+        "id": {"type": "string", "pattern": "^[0-9]{1,19}$", "description": "The frame's id (frames only)."},
+        # JSON in a string: OpenAPI 3.0 cannot say so (contentSchema is 3.1), hence the extension.
+        "data": {"type": "string", "description": "JSON: the snapshot, or for `end` the status.",
+                 "x-json-schema": {"oneOf": [_SNAPSHOT, _END]}},
+    },
+}
+EVENTS_OPERATION = {
+    "operationId": "jobs_events",
+    "description": (
+        "Server-sent events of the job's progress: `id: <n>` and `data: <snapshot>` whenever the snapshot "
+        "changes, the first frame being the current snapshot; after the frame that shows a terminal status, "
+        "`event: end` and the stream closes; otherwise it closes after SSE_MAX_S. At most SSE_MAX_PER_CLIENT "
+        "open streams per client."),
+    "parameters": [
+        {"in": "path", "name": "job_id", "required": True, "schema": {"type": "string", "format": "uuid"}},
+        {"in": "header", "name": "Last-Event-ID", "required": False, "schema": {"type": "string"},
+         "description": "The id of the last frame the client has: nothing up to it is sent again. A value that "
+                        "is not 1 to 19 ASCII digits is ignored (the stream starts from the current snapshot)."},
+        {"in": "header", "name": "Accept", "required": False, "schema": {"type": "string"},
+         "description": "text/event-stream (the stream is sent whatever this says)."},
+    ],
+    "tags": ["jobs"],
+    "security": [{"BearerAuth": []}],
+    "responses": {
+        "200": {"description": "The stream; the schema is each event's.",
+                "content": {"text/event-stream": {"schema": _EVENT}}},
+        "401": {"description": "", "content": _ERROR_REF},
+        "404": {"description": "", "content": _ERROR_REF},
+        "429": {"description": "TOO_MANY_STREAMS: the client (or this web process) has as many streams open as "
+                               "it may.", "content": _ERROR_REF,
+                "headers": {"Retry-After": {"required": True, "schema": {"type": "integer"},
+                                            "description": "Seconds to wait before trying again."}}},
+    },
+}
+
+
+def event_stream_path(result, generator, request, public):
+    """drf-spectacular postprocessing hook: GET /v1/jobs/{job_id}/events (jobs.events)."""
+    result.setdefault("paths", {})["/v1/jobs/{job_id}/events"] = {"get": EVENTS_OPERATION}
+    return result
+
+
+class JsonErrors:
+    """An error answer of these views (a wrong method, say) is JSON like every other API error, not the
+    view's own format (the document's YAML, the docs page's HTML)."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if isinstance(response, Response) and response.status_code >= 400:
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = JSONRenderer.media_type
+        return response
+
+
+class SchemaView(JsonErrors, SpectacularAPIView):
+    pass
+
+
+class DocsView(JsonErrors, SpectacularSwaggerView):
+    pass

@@ -10,6 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -23,12 +24,13 @@ from jobs.errors import (
     InvalidRequest,
     JobNotRetryable,
     JobTerminal,
+    NotAReport,
     PayloadTooLarge,
     ReportNotSealed,
     StoreUnavailable,
     UnsupportedMediaType,
 )
-from jobs.models import Job, JobStatus, Report
+from jobs.models import Job, JobKind, JobStatus, Report
 from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
 
@@ -258,11 +260,26 @@ class WhoAmIView(APIView):
         return Response({"client_id": str(request.user.id), "name": request.user.name})
 
 
+class _AnswerInJson(BaseContentNegotiation):
+    """The report view reads Accept itself (Markdown unless JSON is asked for) and answers its errors in
+    JSON: DRF's negotiation against the JSON renderer alone would refuse `Accept: text/markdown` (406)."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+
 class JobReportView(APIView):
     """A sealed report's chapters in order: Markdown, or JSON with `Accept: application/json`."""
 
+    content_negotiation_class = _AnswerInJson
+
     @extend_schema(
         operation_id="jobs_report",
+        parameters=[OpenApiParameter("Accept", str, OpenApiParameter.HEADER,
+                                     description="application/json for JSON; anything else is Markdown.")],
         responses={
             (200, "text/markdown"): OpenApiTypes.STR,
             (200, "application/json"): inline_serializer("Report", {
@@ -271,7 +288,8 @@ class JobReportView(APIView):
                 "chapters": inline_serializer("ReportText", {"key": serializers.CharField(),
                                                              "text": serializers.CharField()}, many=True),
             }),
-            401: _ERROR, 404: _ERROR, 409: _ERROR,
+            401: _ERROR, 404: OpenApiResponse(_ERROR, description="NOT_FOUND, or NOT_A_REPORT (a media job)"),
+            409: OpenApiResponse(_ERROR, description="REPORT_NOT_SEALED"),
         },
     )
     def get(self, request, job_id):
@@ -280,6 +298,8 @@ class JobReportView(APIView):
         from jobs import reports
 
         job = _own_job(request, job_id)
+        if job.kind != JobKind.REPORT:
+            raise NotAReport("This job is a media job: it has an output, not a report.", kind=job.kind)
         report = Report.objects.filter(job_id=job.id).first()
         if report is None or report.sealed_at is None:
             raise ReportNotSealed("The report is not sealed yet.", status=job.status)
@@ -292,20 +312,38 @@ class JobReportView(APIView):
         return HttpResponse(reports.as_markdown(report), content_type="text/markdown; charset=utf-8")
 
 
-def report_page(request, token: str):
-    """GET /r/{token}: the page behind the emailed link. Signed and expiring; a bad or expired token is
-    404. Server-rendered, self-contained (no CDN, no external font), readable on a phone."""
-    from django.http import HttpResponseNotFound
+# The report page runs no script, loads nothing and is framed by nobody: its one inline <style> carries a
+# nonce made for the response, and nothing else may apply. Chapter text is escaped when rendered
+# (jobs.markdown); this is the second wall, should any markup ever get through.
+REPORT_PAGE_CSP = ("default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; frame-ancestors 'none'; "
+                   "base-uri 'none'; form-action 'none'")
+
+
+def _report_page_response(request, template: str, context: dict, status: int):
+    import secrets
+
     from django.shortcuts import render
 
+    nonce = secrets.token_urlsafe(18)
+    response = render(request, template, {**context, "csp_nonce": nonce}, status=status)
+    response["Content-Security-Policy"] = REPORT_PAGE_CSP.format(nonce=nonce)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Referrer-Policy"] = "no-referrer"  # the URL is the bearer token: never sent onwards
+    return response
+
+
+def report_page(request, token: str):
+    """GET /r/{token}: the page behind the emailed link. Signed and expiring; a bad or expired token is
+    404. Server-rendered, self-contained (no CDN, no external font), readable on a phone, under a strict
+    Content-Security-Policy (REPORT_PAGE_CSP)."""
     from jobs import reports
     from jobs.markdown import to_html
 
     report = reports.report_from_token(token)
     if report is None:
-        return HttpResponseNotFound(render(request, "jobs/report_not_found.html").content)
+        return _report_page_response(request, "jobs/report_not_found.html", {}, status=404)
     if report.sealed_at is None:  # a duplicate payment's link, mailed before the first report sealed
-        return render(request, "jobs/report_pending.html", status=202)
+        return _report_page_response(request, "jobs/report_pending.html", {}, status=202)
     chapters = [{"key": c.key, "title": c.key.replace("-", " ").capitalize(), "html": to_html(c.text or "")}
                 for c in reports.chapters_in_order(report)]
-    return render(request, "jobs/report.html", {"report": report, "chapters": chapters})
+    return _report_page_response(request, "jobs/report.html", {"report": report, "chapters": chapters}, status=200)

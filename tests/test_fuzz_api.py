@@ -104,6 +104,13 @@ def test_fuzzed_requests_conform_to_the_schema_and_rejected_ones_write_and_pay_n
     assert sum(n for status, n in statuses.items() if 400 <= status < 500) > 0
     created = {a["job_id"] for a in answers if a["status"] == 201 and a["job_id"]}
     assert created, "no request created a job: the schema's examples no longer reach a real job"
+    # Every operation was reached with its own headers, the event stream and orders included: a header the
+    # schema does not declare is one schemathesis never sends.
+    sent = {(a["operation"], header) for a in answers for header in a["headers"]}
+    assert {("POST /v1/jobs", "idempotency-key"), ("GET /v1/jobs/{job_id}/events", "last-event-id"),
+            ("GET /v1/jobs/{job_id}/events", "accept"), ("GET /v1/jobs/{job_id}/report", "accept")} <= sent
+    reached = {a["operation"] for a in answers if 200 <= a["status"] < 300}
+    assert {"POST /v1/orders", "GET /v1/spend", "GET /v1/jobs/{job_id}/events"} <= reached, reached
     named = {a["job_id"] for a in answers if 200 <= a["status"] < 300 and a["job_id"]}
     assert {str(job_id) for job_id in Job.objects.values_list("id", flat=True)} <= named
 

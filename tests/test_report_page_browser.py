@@ -12,6 +12,7 @@ from jobs.reports import link_token
 from jobs.services import client_create
 from tests.support.http_api import HttpApi
 from tests.test_reports import CHAPTERS, report_body
+from tests.test_web_answers import assert_strict_report_page_headers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 CHROMIUM = "/usr/bin/chromium"
@@ -45,11 +46,16 @@ def test_the_report_page_reads_on_a_phone_with_every_chapter_in_order_and_nothin
 
 def read_on_a_phone(browser, web_stack, job_id):
     page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=3, is_mobile=True)
-    fetched = []
+    fetched, console = [], []
     page.on("request", lambda request: fetched.append(request.url))
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
     response = page.goto(f"{web_stack.url}/r/{link_token(job_id)}")
 
     assert response.status == 200
+    assert_strict_report_page_headers(response.all_headers(), response.text())
+    # Styled under the policy: the page's one inline style applied (no violation reported by the browser).
+    assert page.evaluate("getComputedStyle(document.querySelector('main')).maxWidth") == "672px"  # 42rem
+    assert page.evaluate("getComputedStyle(document.body).fontSize") == "17px"
     sections = page.locator("section[data-chapter]")
     assert sections.count() == 8
     assert [sections.nth(n).get_attribute("data-chapter") for n in range(8)] == CHAPTERS
@@ -60,6 +66,7 @@ def read_on_a_phone(browser, web_stack, job_id):
     assert {urlsplit(url).netloc for url in fetched} == {urlsplit(web_stack.url).netloc}  # no CDN, no font
     page.get_by_role("link", name=CHAPTERS[3].capitalize()).click()  # the contents jump to a chapter
     assert page.url.endswith(f"#{CHAPTERS[3]}")
+    assert [line for line in console if "Content Security Policy" in line or "Content-Security-Policy" in line] == []
 
 
 def test_a_tampered_or_foreign_link_is_404(web_stack):

@@ -14,7 +14,7 @@ every request these hooks take a snapshot of:
 The `rejected_request_wrote_nothing` check fails a case answered 4xx whose snapshot changed, and also a
 4xx case after which something changed before the next request went out (a write that lands after its
 answer). Every answer is appended to FUZZ_ANSWERS_PATH as one JSON line (operation, status, what changed,
-the job a 2xx answer created), for the runner's checks after the run.
+the job a 2xx answer created, the names of the headers the case set), for the runner's checks after the run.
 
 Settings (environment, set by the runner): FUZZ_WATCH_DATABASE_URL, FUZZ_WATCH_BROKER_URL,
 FUZZ_WATCH_SANDBOX_URL, FUZZ_ANSWERS_PATH.
@@ -133,7 +133,8 @@ def after_call(context, case, response):
         operation = f"{case.method} {case.operation.path}"
         record = {"seq": WATCH.seq, "operation": operation, "path": case.formatted_path,
                   "phase": case.meta.phase.name.value if case.meta is not None else None,
-                  "status": response.status_code, "wrote": wrote, "job_id": None}
+                  "status": response.status_code, "wrote": wrote, "job_id": None,
+                  "headers": sorted({name.lower() for name in (case.headers or {})})}
         if operation in CREATES_JOB and 200 <= response.status_code < 300:
             try:
                 record["job_id"] = response.json().get(CREATES_JOB[operation])
