@@ -98,9 +98,9 @@ class AttemptCost(Subquery):
 # this filter matches" reads the same parameters the list was filtered with.
 LIST_PARAMS = {"status__exact": "status", "kind__exact": "kind", "client__id__exact": "client", "model": "model",
                "month": "month", "q": "search"}
-# The list's own parameters that are not filters (ordering, page, the list's popup flags): carried by a
-# bulk link from the list, ignored by the action.
-LIST_VIEW_PARAMS = {"o", "p", "e", "_changelist_filters"}
+# The list's own parameters that are not filters (ordering, page, Django's "show all rows", its error
+# flag): carried by a bulk link from the list, ignored by the action.
+LIST_VIEW_PARAMS = {"o", "p", "e", "all", "_changelist_filters"}
 BULK = {  # action -> (verb, pays again, the permission it needs beside jobs.view_job)
     OperatorActionKind.CANCEL: ("cancel", False, "jobs.cancel_job"),
     OperatorActionKind.RETRY: ("retry", True, "jobs.retry_job"),
@@ -116,15 +116,15 @@ def filter_from_params(params) -> JobFilter:
 def bulk_filter_from_params(params) -> JobFilter:
     """The jobs a bulk URL targets. A parameter the list does not know (`?status=running` for
     `status__exact`) is refused: ignoring it once made a bulk retry target every job. No filter at all
-    means nothing unless `all=1` says "every job" on purpose (the list's bulk links add it to an
+    means nothing unless `all_jobs=1` says "every job" on purpose (the list's bulk links add it to an
     unfiltered list; the CLI asks for --all)."""
-    unknown = sorted(set(params) - set(LIST_PARAMS) - LIST_VIEW_PARAMS - {"id", "all"})
+    unknown = sorted(set(params) - set(LIST_PARAMS) - LIST_VIEW_PARAMS - {"id", "all_jobs"})
     if unknown:
         raise OperationRefused(f"unknown filter parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
-                               f"(known: {', '.join([*LIST_PARAMS, 'id', 'all'])}); nothing was done")
+                               f"(known: {', '.join([*LIST_PARAMS, 'id', 'all_jobs'])}); nothing was done")
     job_filter = filter_from_params(params)
-    if job_filter.describe() == "every job" and params.get("all") != "1":
-        raise OperationRefused("no filter: filter the list first, or add all=1 to mean every job; nothing was done")
+    if job_filter.describe() == "every job" and params.get("all_jobs") != "1":
+        raise OperationRefused("no filter: filter the list first, or add all_jobs=1 to mean every job; nothing was done")
     return job_filter
 
 
@@ -189,7 +189,7 @@ class JobAdmin(admin.ModelAdmin):
         adminkit.refuse_unheld_action(self, request)
         params = request.GET.copy()
         if not set(params) - LIST_VIEW_PARAMS:
-            params["all"] = "1"  # the unfiltered list's bulk link means every job, said on purpose
+            params["all_jobs"] = "1"  # the unfiltered list's bulk link means every job, said on purpose
         query = params.urlencode()
         bulk = [(reverse("admin:jobs_job_bulk", args=[action]) + f"?{query}", verb)
                 for action, (verb, _, _) in BULK.items() if self.may(request, action)]

@@ -222,17 +222,17 @@ def test_a_bulk_url_with_an_unknown_filter_or_no_filter_acts_on_nothing_unless_a
     post = {"csrfmiddlewaretoken": http.cookies["csrftoken"], "confirm": "yes", "reason": "clean up"}
     # `status=failed` is not the list's parameter (`status__exact`): once it was ignored, and the retry
     # targeted every job.
-    for query in ("?status=failed", "?status__exact=failed&sttus=x", ""):
+    for query in ("?status=failed", "?status__exact=failed&sttus=x", "", "?all=", "?all_jobs=yes"):
         for method in ("get", "post"):
             answer = getattr(http, method)(f"{base}/admin/jobs/job/bulk/retry/{query}", data=post, timeout=10,
                                            headers={"Referer": base + "/admin/"})
             assert answer.status_code == 200 and answer.url.endswith("/admin/jobs/job/"), (query, method)
             assert "nothing was done" in answer.text, (query, method)
             assert state(w) == before
-    # The list's own bulk link on an unfiltered list says all=1, and its preview counts every job.
+    # The list's own bulk link on an unfiltered list says all_jobs=1, and its preview counts every job.
     listing = http.get(f"{base}/admin/jobs/job/", timeout=10).text
-    assert "/admin/jobs/job/bulk/retry/?all=1" in listing
-    preview = http.get(f"{base}/admin/jobs/job/bulk/retry/?all=1", timeout=10)
+    assert "/admin/jobs/job/bulk/retry/?all_jobs=1" in listing
+    preview = http.get(f"{base}/admin/jobs/job/bulk/retry/?all_jobs=1", timeout=10)
     assert preview.status_code == 200 and "every job" in preview.text
     assert state(w) == before
     # A known filter acts on what it matches, and only that.
