@@ -28,7 +28,7 @@ from redis.retry import Retry
 
 from billing.models import ReservationKind, ReservationState
 from executor.models import AttemptState
-from jobs.errors import error_body
+from jobs.errors import error_body, method_not_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -295,9 +295,7 @@ def _refusal(request) -> JsonResponse | None:
 @csrf_exempt  # no cookie is ever read here (token or loopback): a POST is the JSON 405 below, not the CSRF page
 def metrics_view(request):
     if request.method not in ("GET", "HEAD"):
-        response = JsonResponse(error_body("METHOD_NOT_ALLOWED", "GET /metrics."), status=405)
-        response["Allow"] = "GET, HEAD"
-        return response
+        return method_not_allowed("GET, HEAD", "GET /metrics.")
     refused = _refusal(request)
     if refused is not None:
         return refused

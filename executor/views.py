@@ -5,15 +5,13 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from executor import callbacks
-from jobs.errors import error_body
+from jobs.errors import error_body, method_not_allowed
 
 
 @csrf_exempt
 def provider_callback(request, provider: str):
     if request.method != "POST":
-        response = JsonResponse(error_body("METHOD_NOT_ALLOWED", "Callbacks are POSTed."), status=405)
-        response["Allow"] = "POST"
-        return response
+        return method_not_allowed("POST", "Callbacks are POSTed.")
     answer = callbacks.ring(provider, request.body, request.headers)
     if answer.status >= 400:
         return JsonResponse(error_body(answer.code, answer.message), status=answer.status)

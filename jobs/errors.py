@@ -101,6 +101,14 @@ def error_body(code: str, message: str, **extra) -> dict:
     return {"error": {"code": code, "message": message, **extra}}
 
 
+def method_not_allowed(allow: str, message: str) -> JsonResponse:
+    """The JSON 405 of a plain Django view (DRF's views answer theirs through the handler below), with the
+    `Allow` header naming what the view does take."""
+    response = JsonResponse(error_body("METHOD_NOT_ALLOWED", message), status=405)
+    response["Allow"] = allow
+    return response
+
+
 # DRF's own exceptions -> (code, default message).
 _DRF_CODES = {
     exceptions.NotAuthenticated: "UNAUTHENTICATED",

@@ -27,7 +27,7 @@ from rest_framework import exceptions
 
 from jobs import selectors, streams
 from jobs.auth import BearerAPIKeyAuthentication
-from jobs.errors import TooManyStreams, error_body
+from jobs.errors import TooManyStreams, error_body, method_not_allowed
 from jobs.models import TERMINAL_STATUSES
 
 KEEPALIVE_S = 15.0
@@ -104,10 +104,7 @@ def _too_many(refused: TooManyStreams) -> JsonResponse:
 @csrf_exempt  # authenticated by API key, never by a cookie: a POST is a 405 below, not the CSRF page
 async def job_events(request, job_id):
     if request.method != "GET":
-        answer = JsonResponse(error_body("METHOD_NOT_ALLOWED", f'Method "{request.method}" not allowed.'),
-                              status=405)
-        answer["Allow"] = "GET"
-        return answer
+        return method_not_allowed("GET", f'Method "{request.method}" not allowed.')
     client, refused = await sync_to_async(_authenticate, thread_sensitive=False)(request)
     if refused is not None:
         return refused
