@@ -57,7 +57,13 @@ class WebhookReceiver:
                 pass
 
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                expected = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(expected)
+                if len(body) < expected:
+                    # The sender went away mid-body (a webhooks worker killed while sending): like any
+                    # HTTP server, take no request from it; the sender never got an answer and tries again.
+                    self.close_connection = True
+                    return
                 headers = {key.lower(): value for key, value in self.headers.items()}
                 receiver._handle(self, body, headers, self.client_address, self.path)
 
