@@ -1,5 +1,7 @@
 # payonce: `make run` brings up the whole stack, `make test` runs the whole suite. Both start from a clean
-# clone: they create .venv, install requirements.txt and migrate (the database is created if missing).
+# clone: they create .venv, install what they need and migrate (the database is created if missing).
+# `make run` installs only the stack (requirements.txt) and needs no root; `make test` adds the test
+# packages (requirements-dev.txt) and a chromium for the browser tests.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -7,16 +9,37 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install migrate run test bench fuzz-api chaos chaos-pinned clean
+.PHONY: python install install-dev browser migrate run test test-quick bench fuzz-api chaos chaos-pinned clean
 
-$(BIN)/.installed: requirements.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# One line, before pip fails deep inside a package that needs a newer Python (macOS's python3 is 3.9).
+python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "payonce needs Python 3.11 or newer, and '$(PYTHON)' is $$($(PYTHON) -c 'import platform; print(platform.python_version())' 2>/dev/null || echo 'not found'): name another, e.g. make run PYTHON=python3.12" >&2; exit 1; }
+
+$(BIN)/python: | python
+	$(PYTHON) -m venv $(VENV)
+
+$(BIN)/.installed: requirements.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	@# The report page's browser test drives Debian's chromium (never a downloaded browser).
-	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+	touch $@
+
+$(BIN)/.installed-dev: requirements-dev.txt $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 install: $(BIN)/.installed
+
+install-dev: $(BIN)/.installed-dev browser
+
+# The browser tests drive an installed chromium through playwright, which never downloads one: CHROMIUM
+# names it, else the first of chromium, chromium-browser, google-chrome on PATH. Where none is found and
+# this is root on Debian or Ubuntu, Debian's chromium is installed; anywhere else this says how to get one,
+# and the browser tests fail saying the same (tests/support/browser.py).
+browser:
+	@$(BIN)/python -m tests.support.browser --found >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else $(BIN)/python -m tests.support.browser --found; true; fi
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
@@ -31,29 +54,33 @@ run: migrate
 	mkdir -p var
 	test -s var/secret_key || (umask 077 && $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(50))" > var/secret_key)
 	$(BIN)/python manage.py demo_client
-	SECRET_KEY="$${SECRET_KEY:-$$(cat var/secret_key)}" $(BIN)/honcho start -f Procfile -p $(PORT)
+	SECRET_KEY="$${SECRET_KEY:-$$(cat var/secret_key)}" LOG_FORMAT="$${LOG_FORMAT:-plain}" $(BIN)/python -m config.devrun -p $(PORT)
 
-test: migrate
+test: install-dev migrate
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The inner loop: everything but the end-to-end tests that start the whole stack and the storm.
+test-quick: install-dev migrate
+	$(BIN)/python -m pytest -m "not e2e" -x -q $(PYTEST_ARGS)
+
 # Every benchmark, one at a time, then one table of their figures into bench/README.md (bench/all.py).
-bench: migrate
+bench: install-dev migrate
 	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
 # tests/test_fuzz_api.py with 500 examples per operation: no 5xx, every answer as the schema says, no 4xx
 # that wrote a row, queued a task or called a provider (tests/fuzz/api_schemathesis.py --help).
-fuzz-api: migrate
+fuzz-api: install-dev migrate
 	$(BIN)/python tests/fuzz/api_schemathesis.py
 
 # The storm (tests/chaos): 500 paid jobs through faults, kills, a broker flush, and a restart of (and cut
 # connections to) a PostgreSQL server of the storm's own (the machine's cluster is never touched),
 # checked from the outside; prints one screen and fails if any check does. CHAOS_SEED=N replays a storm,
 # BROKER=amqp runs it on RabbitMQ, HOSTS=1 puts every process in a network namespace of its own (root).
-chaos: install
+chaos: install-dev
 	$(BIN)/python -m tests.chaos $(if $(BROKER),--broker $(BROKER)) $(if $(filter 1,$(HOSTS)),--hosts) $(CHAOS_ARGS)
 
 # Every storm seed that once failed (tests/chaos/pinned.py), replayed one after another.
-chaos-pinned: install
+chaos-pinned: install-dev
 	$(BIN)/python -m tests.chaos.pinned
 
 clean:

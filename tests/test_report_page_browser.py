@@ -1,21 +1,20 @@
-"""The page behind the emailed link, in a real browser: Debian's chromium, driven by playwright (no
-browser download), against the real `web` process, at a phone's size, with nothing fetched from
-anywhere but payonce itself."""
+"""The page behind the emailed link, in a real browser: an installed chromium (tests/support/browser.py),
+driven by playwright (no browser download), against the real `web` process, at a phone's size, with
+nothing fetched from anywhere but payonce itself."""
 
 from contextlib import contextmanager
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from jobs.reports import link_token
 from jobs.services import client_create
+from tests.support import browser
 from tests.support.http_api import HttpApi
 from tests.test_reports import CHAPTERS, report_body
 from tests.test_web_answers import assert_strict_report_page_headers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -26,9 +25,9 @@ def chromium():
     runs an event loop in this thread, and Django keeps the database away from async contexts."""
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), "make install puts Debian's chromium at /usr/bin/chromium"
+    executable = browser.executable()  # fails saying how to get one when there is none
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        launched = playwright.chromium.launch(executable_path=executable, args=FLAGS, headless=True)
         try:
             yield launched
         finally:
