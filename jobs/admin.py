@@ -18,7 +18,7 @@ from rest_framework_api_key.admin import APIKeyModelAdmin
 
 from executor.models import Attempt
 from jobs import adminkit, operations
-from jobs.models import Client, ClientAPIKey, Job, OperatorAction, OperatorActionKind
+from jobs.models import Client, ClientAPIKey, Job, JobKind, OperatorAction, OperatorActionKind, Report
 from jobs.operations import JobFilter, OperationRefused, month_range
 from jobs.timeline import SHOWN, job_timeline
 
@@ -233,6 +233,8 @@ class JobAdmin(admin.ModelAdmin):
         job = Job.objects.filter(id=job_id).first()
         if job is None or not job.output:
             raise Http404("No output.")
+        if job.kind == JobKind.REPORT:
+            return self._report_text(job)
         store = client_store(job.client_id)
         url = store.presigned_url(job.output["key"])
         if url:
@@ -242,6 +244,19 @@ class JobAdmin(admin.ModelAdmin):
         except Exception:  # noqa: BLE001 (gone from the store, or the store is down: say so, no 500)
             raise Http404("The output cannot be read from the store now.") from None
         return FileResponse(handle, content_type=job.output.get("content_type"))
+
+    @staticmethod
+    def _report_text(job):
+        """A report's output is its sealed chapters (no store object): their Markdown, shown as text in
+        the browser (text/markdown would be a download), or 404 while it is not sealed."""
+        from django.http import HttpResponse
+
+        from jobs import reports
+
+        report = Report.objects.filter(job_id=job.id, sealed_at__isnull=False).first()
+        if report is None:
+            raise Http404("The report is not sealed.")
+        return HttpResponse(reports.as_markdown(report), content_type="text/plain; charset=utf-8")
 
     # --- actions: on the selection, or on every job the filter matches ----------------------------------
 

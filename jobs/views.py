@@ -6,6 +6,7 @@ import re
 
 from django.conf import settings
 from django.http import FileResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -228,6 +229,7 @@ class JobOutputView(APIView):
         responses={
             **{(200, content_type): OpenApiTypes.BINARY for content_type in OUTPUT_CONTENT_TYPES},
             302: OpenApiResponse(description="S3 store: a presigned URL of the object, valid for an hour."),
+            303: OpenApiResponse(description="A report: its text is at GET /v1/jobs/{job_id}/report."),
             401: _ERROR, 404: _ERROR, 503: _ERROR,
         },
     )
@@ -235,6 +237,10 @@ class JobOutputView(APIView):
         job = selectors.own_succeeded_job(client_id=request.user.id, job_id=job_id)
         if job is None or not job.output:
             raise NotFound("Not found.")
+        if job.kind == JobKind.REPORT:
+            # A report's output is its sealed chapters, not an object in the store (its `output` names a
+            # link and a delivery, no store key): See Other, the endpoint that answers it.
+            return Response(status=303, headers={"Location": reverse("job-report", args=[job.id])})
         store = client_store(request.user.id)  # the client's own keys only, whatever the row says
         url = store.presigned_url(job.output["key"])
         if url:
