@@ -404,11 +404,13 @@ def test_orders_rerun_reruns_only_the_chosen_orders_reports(api):
 
 
 def dead_letter(client_id) -> Delivery:
-    """A job that ended with nowhere to send its event: its delivery is written dead (replayable)."""
-    job = a_job(client_id, JobStatus.RUNNING, webhook_url="")
+    """A job's event that was tried until the dispatcher gave up (a receiver that kept answering 500)."""
+    job = a_job(client_id, JobStatus.RUNNING, webhook_url="https://hooks.example.com/payonce")
     assert job_finish(job_id=job.id, status=JobStatus.FAILED, error={"code": "X", "message": "x"})
     delivery = Delivery.objects.get(job_id=job.id)
-    assert delivery.status == DeliveryStatus.DEAD
+    assert Delivery.objects.filter(id=delivery.id, status=DeliveryStatus.PENDING).update(
+        status=DeliveryStatus.DEAD, attempts=8, last_status_code=500, last_error="HTTP 500")
+    delivery.refresh_from_db()
     return delivery
 
 

@@ -129,11 +129,18 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
     The envelope is rendered once, here, and kept byte for byte: every try and every replay sends
     exactly these bytes. The first try is enqueued when the transaction commits; the row becomes due for
     the drainer only after WEBHOOK_FIRST_TRY_GRACE_S, in case that message is lost. Returns False if
-    the row already existed (the same event of the same run).
+    the row already existed (the same event of the same run), or if there is nowhere to send it.
+
+    A polling client (no endpoint URL) whose job names no `webhook_url` has nothing to deliver: no row
+    is written, so dead letters are only deliveries that were tried and gave up, and the alert on dead
+    deliveries never fires for a client that asks GET /v1/jobs/{id} instead. The URL is read in the
+    state change's transaction: a client that sets its endpoint URL later gets the events after that.
     """
     assert event in EVENTS, event
     if not connection.in_atomic_block:
         raise RuntimeError("delivery_create must run in the transaction of the state change it reports")
+    if not job.webhook_url and not _endpoint_url(job):
+        return False
     now = timezone.now()
     ident = delivery_id(job_id=job.id, run=job.run, event=event)
     envelope = json.dumps(
@@ -144,19 +151,18 @@ def delivery_create(*, job, event: str, data: dict) -> bool:
     due = now + timedelta(seconds=settings.WEBHOOK_FIRST_TRY_GRACE_S)
     delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event,
                         url=job.webhook_url, envelope=envelope, created_at=now, next_attempt_at=due)
-    # The caller may know the client's endpoint URL (job_finish reads it with the job): with neither
-    # that nor the job's own, there is nowhere to send, and the row is written as the dispatcher would
-    # leave it (dead, replayable once a URL is set), without a message or a drainer pass to find that out.
-    nowhere = not job.webhook_url and getattr(job, "endpoint_url", None) == ""
-    if nowhere:
-        delivery.status, delivery.last_error = DeliveryStatus.DEAD, NO_URL
     if not insert_ignore(delivery):
         return False
-    if not nowhere:
-        _enqueue_on_commit(ident, due)
-    else:
-        log_event(logger, "delivery.dead", **_ids(delivery), error=NO_URL)
+    _enqueue_on_commit(ident, due)
     return True
+
+
+def _endpoint_url(job) -> str:
+    """The client's endpoint URL ("" for none). job_finish reads it with the job, in its UPDATE's
+    RETURNING (NULL when the client has no endpoint row); anyone else costs one query."""
+    if "endpoint_url" in job.__dict__:
+        return job.endpoint_url or ""
+    return Endpoint.objects.filter(client_id=job.client_id).values_list("url", flat=True).first() or ""
 
 
 def _ids(delivery: Delivery) -> dict:
@@ -165,7 +171,7 @@ def _ids(delivery: Delivery) -> dict:
     return {"delivery_id": delivery.id, "job_id": delivery.job_id, "run": delivery.run, "webhook_event": delivery.event}
 
 
-NO_URL = "no webhook URL: the job names none and the client has no endpoint URL"
+NO_URL = "no webhook URL any more: the job names none and the client's endpoint URL was removed"
 
 
 def _enqueue_on_commit(ident: str, token: datetime) -> None:
