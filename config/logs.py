@@ -115,6 +115,29 @@ class ContextFilter(logging.Filter):
         return True
 
 
+class RoutineFilter(logging.Filter):
+    """Celery's own lines about the periodic tasks (beat's "Sending due task", a worker's "received" and
+    "succeeded" of each sweep and drain) are routine: every few seconds, three lines that say nothing went
+    on. They are kept at DEBUG, so they are written only when LOG_LEVEL=DEBUG. Only Celery's bookkeeping
+    lines: what a periodic task itself logs (a job recovered, a delivery given up) stays at its level, and
+    so does a periodic task that failed."""
+
+    LOGGERS = frozenset({"celery.beat", "celery.worker.strategy", "celery.app.trace"})
+
+    def __init__(self, name: str = "", tasks=()):
+        super().__init__(name)
+        self.tasks = tuple(tasks)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name not in self.LOGGERS or record.levelno > logging.INFO or not self.tasks:
+            return True
+        message = record.getMessage()
+        if not any(task in message for task in self.tasks):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+
+
 # --- redaction -------------------------------------------------------------------------------------------
 
 # Secrets found by their shape, wherever they appear. Each keeps what says what it was. A shape is looked

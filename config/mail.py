@@ -1,23 +1,46 @@
-"""The console mail backend (`EMAIL_URL=console://`) with secrets redacted: Django's own prints every mail
-whole, and a report mail's link is a bearer token to a buyer's report, so the printed mail (a worker's
-log, captured by whatever collects its output) shows the link redacted like every other secret
-(config.logs). The mail sent through SMTP is untouched."""
+"""The console mail backend (`EMAIL_URL=console://`): each mail as a few readable lines (from, to, subject,
+the text body) in the process's log, with secrets redacted. Django's own prints the whole MIME message to
+stdout, which in a Celery worker becomes one JSON WARNING line of `celery.redirected`. A report mail's link
+is a bearer token to a buyer's report, and the log is collected by whatever runs the process, so the link
+is redacted like every other secret (config.logs); the report itself stays readable through the API
+(GET /v1/jobs/{id}/report). The mail sent through SMTP is untouched."""
 
-import io
+import logging
 
-from django.core.mail.backends import console
+from django.core.mail.backends.base import BaseEmailBackend
 
 from config.logs import Redactor
 
 _REDACTOR = Redactor()  # the shapes only: a mail holds no environment secret
+log = logging.getLogger("payonce.mail")
 
 
-class EmailBackend(console.EmailBackend):
-    def write_message(self, message):
-        printed, stream = io.StringIO(), self.stream
-        self.stream = printed
-        try:
-            super().write_message(message)
-        finally:
-            self.stream = stream
-        self.stream.write(_REDACTOR.text(printed.getvalue()))
+def readable(message) -> str:
+    """A mail as its reader sees it: the headers that matter, then the text body."""
+    lines = [f"From: {message.from_email}", f"To: {', '.join(message.to)}"]
+    if message.cc:
+        lines.append(f"Cc: {', '.join(message.cc)}")
+    lines.append(f"Subject: {message.subject}")
+    attached = [attachment[0] if isinstance(attachment, tuple) else attachment.get_filename()
+                for attachment in message.attachments]
+    if attached:
+        lines.append(f"Attached: {', '.join(str(name) for name in attached)}")
+    body = message.body.rstrip("\n")
+    return "\n".join(lines) + "\n\n" + "\n".join(f"  {line}" for line in body.splitlines())
+
+
+class EmailBackend(BaseEmailBackend):
+    """Writes each mail to `stream` when one is given (a test), else logs it (INFO, `payonce.mail`)."""
+
+    def __init__(self, *args, stream=None, **kwargs):
+        self.stream = stream
+        super().__init__(*args, **kwargs)
+
+    def send_messages(self, messages):
+        for message in messages:
+            text = _REDACTOR.text(readable(message))
+            if self.stream is not None:
+                self.stream.write(f"{text}\n")
+            else:
+                log.info("mail (EMAIL_URL=console://, not sent)\n%s", text)
+        return len(messages)

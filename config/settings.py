@@ -136,9 +136,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"console": {"()": "config.logs.formatter", "name": env_str("LOG_FORMAT", "json")}},
-    "filters": {"context": {"()": "config.logs.ContextFilter"}, "redact": {"()": "config.logs.RedactFilter"}},
+    "filters": {"context": {"()": "config.logs.ContextFilter"}, "redact": {"()": "config.logs.RedactFilter"},
+                # The periodic tasks of CELERY_BEAT_SCHEDULE, below (their names, with the [ of a task id
+                # or the ( of beat's line, so jobs.sweep never matches jobs.sweeper_something).
+                "routine": {"()": "config.logs.RoutineFilter",
+                            "tasks": [f"{name}{edge}" for name in ("jobs.sweep", "webhooks.drain", "billing.fold")
+                                      for edge in ("[", ")")]}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "console", "filters": ["context", "redact"]},
+        "console": {"class": "logging.StreamHandler", "formatter": "console",
+                    "filters": ["routine", "context", "redact"]},
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     # Django's own handlers on `django` (a console one under DEBUG, mail_admins) would write its records a
@@ -146,6 +152,8 @@ LOGGING = {
     "loggers": {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "INFO"},
+        # django-axes says "BEGIN version ..." at INFO in every process, every manage.py command included.
+        "axes": {"level": "WARNING"},
     },
 }
 
