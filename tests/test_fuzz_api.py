@@ -47,7 +47,7 @@ from tests.support.procs import REPO_ROOT, ProcfileProcess, process_env
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 SEED = int(os.environ.get("FUZZ_SEED", "20260101"))
-# 100 per operation: about 1,800 requests, 30 s of the test's 35 s on a loaded 2-core machine.
+# 100 per operation: about 2,200 requests, 50 s of the test's 60 s on a loaded 2-core machine.
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "100"))
 EXTRA_ARGS = shlex.split(os.environ.get("FUZZ_SCHEMATHESIS_ARGS", ""))
 CONFIG = REPO_ROOT / "tests" / "fuzz" / "schemathesis.toml"
@@ -79,7 +79,20 @@ def post_json(api: HttpApi, path: str, body: dict, **headers):
                          headers=api.headers(**{"Content-Type": "application/json", **headers}))
 
 
-def test_fuzzed_requests_conform_to_the_schema_and_rejected_ones_write_and_pay_nothing(web_stack, ledger, tmp_path):
+@pytest.fixture
+def fuzz_web(transactional_db, sandbox):
+    """A `web` process like the session's, whose event streams of open jobs close after 1 s instead of 8:
+    with no worker up no fuzzed job ends, and schemathesis reads each stream it opens to its end."""
+    from tests.support.sandbox import free_port
+
+    web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "SSE_MAX_S": 1}).start()
+    web.url = f"http://127.0.0.1:{web.port}"
+    yield web
+    web.stop()
+
+
+def test_fuzzed_requests_conform_to_the_schema_and_rejected_ones_write_and_pay_nothing(fuzz_web, ledger, tmp_path):
+    web_stack = fuzz_web
     # Given: nothing left in the stack's queues by an earlier test, and a real client.
     for queue in ("jobs", "webhooks"):
         purge_queue(WEB_STACK_ENV["BROKER_URL"], queue)
@@ -138,3 +151,20 @@ def test_fuzzed_requests_conform_to_the_schema_and_rejected_ones_write_and_pay_n
     paid_for = {charge["metadata"]["payonce_job"] for charge in charges}
     assert controls <= paid_for
     assert paid_for <= created, f"charges for jobs no answer of 201 created: {paid_for - created}"
+
+    # Then: every job the run left, of every kind and ending (the order's report among them), answers
+    # each read of its own without a 5xx and only with a status its operation declares.
+    document = api.http.get(f"{web_stack.url}/v1/schema", headers={"Accept": "application/vnd.oai.openapi+json"},
+                            timeout=30).json()
+    kinds = set()
+    for job in Job.objects.filter(client_id=credentials["client_id"]):
+        kinds.add((job.kind, job.status))
+        for suffix, accept in (("", "application/json"), ("/output", "*/*"), ("/report", "application/json"),
+                               ("/report", "text/markdown"), ("/events", "text/event-stream")):
+            answer = api.http.get(f"{web_stack.url}/v1/jobs/{job.id}{suffix}", headers=api.headers(Accept=accept),
+                                  timeout=30, allow_redirects=False, stream=True)
+            answer.close()  # an event stream of an open job would last SSE_MAX_S: its status is enough
+            declared = document["paths"][f"/v1/jobs/{{job_id}}{suffix}"]["get"]["responses"]
+            assert answer.status_code < 500 and str(answer.status_code) in declared, (job.kind, job.status, suffix,
+                                                                                      answer.status_code)
+    assert {("media", JobStatus.SUCCEEDED), ("report", JobStatus.SUCCEEDED)} <= kinds, kinds

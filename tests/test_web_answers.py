@@ -1,7 +1,7 @@
 """Rules of the real `web` process's answers outside any one endpoint's logic: a wrong method is a JSON 405
 with `Allow` on every /v1/ route and on /metrics (never Django's HTML CSRF page), the spend month is ASCII
-YYYY-MM within what a date can answer, a media job has no report, and the report page is served under a
-strict Content-Security-Policy."""
+YYYY-MM within what a date can answer, a media job has no report, a report's output is its report, and the
+report page is served under a strict Content-Security-Policy."""
 
 import re
 import uuid
@@ -99,6 +99,28 @@ def test_the_report_of_a_media_job_is_404_not_a_report(web_stack):
         answer = api.http.get(f"{web_stack.url}/v1/jobs/{job_id}/report", timeout=10,
                               headers=api.headers(Accept=accept))
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "NOT_A_REPORT", answer.text
+
+
+def test_a_succeeded_reports_output_is_a_303_to_its_report_for_the_api_and_its_text_for_staff(web_stack, web_worker):
+    from tests.test_admin_permissions import login, staff
+    from tests.test_reports import report_body, wait_ended
+
+    api = HttpApi(web_stack.url, client_create(name="report-reader"))
+    job_id = api.create(report_body(chapters=["sun", "moon"]), key="output-of-a-report").json()["id"]
+    assert wait_ended(api, job_id)["status"] == "succeeded"
+
+    answer = api.http.get(f"{web_stack.url}/v1/jobs/{job_id}/output", headers=api.headers(), timeout=10,
+                          allow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["Location"] == f"/v1/jobs/{job_id}/report", answer.text
+    followed = api.http.get(f"{web_stack.url}/v1/jobs/{job_id}/output", headers=api.headers(), timeout=10)
+    assert followed.status_code == 200 and followed.headers["Content-Type"].startswith("text/markdown")
+    assert followed.text == api.http.get(f"{web_stack.url}/v1/jobs/{job_id}/report", headers=api.headers(),
+                                         timeout=10).text and "sun" in followed.text.lower()
+
+    staff("report-support", None)
+    shown = login(web_stack.url, "report-support").get(f"{web_stack.url}/admin/jobs/job/{job_id}/output/", timeout=10)
+    assert shown.status_code == 200 and shown.headers["Content-Type"].startswith("text/plain")
+    assert shown.text == followed.text
 
 
 def assert_strict_report_page_headers(headers, text: str) -> None:
