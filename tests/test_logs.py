@@ -388,3 +388,35 @@ def test_a_run_logs_json_lines_with_each_events_ids_and_no_secret(ledger):
     for name, text in output.items():
         for secret in handled:
             assert secret not in text, (name, secret[:6])
+
+
+# --- routine lines ---------------------------------------------------------------------------------------
+
+
+def test_celerys_lines_about_the_periodic_tasks_are_debug_and_everything_else_keeps_its_level():
+    """The settings' filter, on Celery's own messages as Celery words them (beat, the worker's strategy and
+    trace): shown only at DEBUG; a failure of the same task, and another task's lines, untouched."""
+    built = logs.RoutineFilter(tasks=settings.LOGGING["filters"]["routine"]["tasks"])  # as LOGGING builds it
+
+    def passes(name, level, message, *args, root=logging.INFO):
+        record = logging.LogRecord(name, level, __file__, 1, message, args, None)
+        previous = logging.getLogger().level
+        logging.getLogger().setLevel(root)
+        try:
+            return built.filter(record), record.levelname
+        finally:
+            logging.getLogger().setLevel(previous)
+
+    task_id = str(uuid.uuid4())
+    beat = ("celery.beat", logging.INFO, "Scheduler: Sending due task %s (%s)", "drain-deliveries", "webhooks.drain")
+    received = ("celery.worker.strategy", logging.INFO, "Task %s[%s] received", "jobs.sweep", task_id)
+    succeeded = ("celery.app.trace", logging.INFO, "Task %s[%s] succeeded in %ss: %s", "billing.fold", task_id, 0.01, 0)
+    for line in (beat, received, succeeded):
+        assert passes(*line) == (False, "DEBUG")
+        assert passes(*line, root=logging.DEBUG) == (True, "DEBUG")
+    failed = ("celery.app.trace", logging.ERROR, "Task %s[%s] raised unexpected: %s", "jobs.sweep", task_id, "boom")
+    assert passes(*failed) == (True, "ERROR")
+    paid_work = ("celery.worker.strategy", logging.INFO, "Task %s[%s] received", "jobs.run_stage", task_id)
+    assert passes(*paid_work) == (True, "INFO")
+    a_sweeper_line = ("jobs.sweeper", logging.INFO, "sweeper.recovered jobs.sweep[")
+    assert passes(*a_sweeper_line) == (True, "INFO")
