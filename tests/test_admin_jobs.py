@@ -209,3 +209,46 @@ def test_a_job_with_thousands_of_rows_shows_its_newest_entries_and_all_on_demand
     assert f"payonce-{job.id}-2</dd>" not in page.content.decode()
     every = admin_client.get(f"/admin/jobs/job/{job.id}/change/?all=1")
     assert not every.context["older_left_out"] and f"payonce-{job.id}-2</dd>" in every.content.decode()
+
+
+# --- the list on a laptop's screen: short ids, client names, what is in use ------------------------------
+
+
+def test_the_list_shows_short_ids_and_client_names_in_as_many_statements_for_eight_jobs_as_for_four(
+        admin_client, jobs, make_api):
+    with CaptureQueriesContext(connection) as four:
+        page = admin_client.get("/admin/jobs/job/").content.decode()
+    failed = jobs["failed"]
+    assert f'<span class="short-id" title="{failed.id}">{str(failed.id)[:8]}</span>' in page
+    assert f'title="alpha ({failed.client_id})">alpha</span>' in page  # the name shown, the id in its title
+    assert "sandbox/video-keyed +1" in page  # a chain's first model and how many fallbacks follow
+
+    gamma = make_api("gamma")
+    for n in range(4):
+        make_job(gamma, f"g-{n}")
+    with CaptureQueriesContext(connection) as eight:
+        assert len(admin_client.get("/admin/jobs/job/").context["cl"].result_list) == 8
+    assert len(eight) == len(four), [q["sql"] for q in eight.captured_queries]
+
+
+def _choices(response, title: str) -> list[str]:
+    [spec] = [spec for spec in response.context["cl"].filter_specs if spec.title == title]
+    return [str(label) for _, label in spec.lookup_choices]
+
+
+def test_the_filters_list_the_clients_with_jobs_and_the_models_the_newest_jobs_name(admin_client, jobs, make_api,
+                                                                                    monkeypatch):
+    from jobs.admin import ModelFilter
+
+    make_api("idle")  # a client with no job
+    response = admin_client.get("/admin/jobs/job/")
+    assert [label.split(" (")[0] for label in _choices(response, "client")] == ["alpha", "beta"]
+    assert [label for label in _choices(response, "model")] == ["sandbox/image-lookup", "sandbox/video-keyed"]
+
+    # Bounded: only the newest jobs are read for the models. An older job's model is still filtered on by URL.
+    monkeypatch.setattr(ModelFilter, "MODELS_FROM", 1)
+    assert _choices(admin_client.get("/admin/jobs/job/"), "model") == ["sandbox/video-keyed"]
+    chosen = admin_client.get("/admin/jobs/job/", {"model": "sandbox/image-lookup"})
+    assert _choices(chosen, "model") == ["sandbox/image-lookup", "sandbox/video-keyed"]
+    assert {job.id for job in chosen.context["cl"].result_list} == {jobs["failed"].id}
+
