@@ -20,7 +20,7 @@ from executor.models import Attempt
 from jobs import adminkit, operations, selectors
 from jobs.models import Client, ClientAPIKey, Job, OperatorAction, OperatorActionKind
 from jobs.operations import JobFilter, OperationRefused, month_range
-from jobs.timeline import SHOWN, job_timeline
+from jobs.timeline import SHOWN, job_summary, job_timeline, report_facts, timeline_by_run
 
 
 class CappedPaginator(Paginator):
@@ -222,7 +222,7 @@ class JobAdmin(admin.ModelAdmin):
         return super().changelist_view(request, {**(extra_context or {}), **adminkit.WIDE_LIST,
                                                  "bulk_links": bulk, "count_cap": CappedPaginator.CAP})
 
-    # --- the job page: one timeline ---------------------------------------------------------------------
+    # --- the job page: its summary, then one timeline ---------------------------------------------------
 
     def get_urls(self):
         own = [
@@ -236,14 +236,16 @@ class JobAdmin(admin.ModelAdmin):
         job = Job.objects.select_related("client").filter(pk=object_id).first() if adminkit.is_uuid(object_id) else None
         if job is None:
             raise Http404("No such job.")
-        output_url = reverse("admin:jobs_job_output", args=[job.id]) if job.output else ""
+        # A report's output names no stored file (its link is the report's page): nothing to open here.
+        output_url = reverse("admin:jobs_job_output", args=[job.id]) if _output_key(job) else ""
         entries, older_left_out = job_timeline(job, output_url=output_url,
                                                limit=None if request.GET.get("all") == "1" else SHOWN)
+        summary = job_summary(job)
         one = f"?id={job.id}"
         return TemplateResponse(request, "admin/jobs/job/timeline.html", {
             **self.admin_site.each_context(request), "title": f"Job {job.id}", "job": job, "opts": Job._meta,
-            "entries": entries, "older_left_out": older_left_out,
-            "cost": _cost_of(job),
+            "summary": summary, "report": report_facts(job),
+            "entries": entries, "runs": timeline_by_run(entries, summary), "older_left_out": older_left_out,
             "actions": [(reverse("admin:jobs_job_bulk", args=[action]) + one, verb)
                         for action, (verb, _, _) in BULK.items()
                         if _applies(action, job) and self.may(request, action)],
@@ -257,7 +259,7 @@ class JobAdmin(admin.ModelAdmin):
 
         self._refuse_unless_viewer(request)
         job = Job.objects.filter(id=job_id).first()
-        if job is None or not job.output:
+        if job is None or not _output_key(job):
             raise Http404("No output.")
         store = client_store(job.client_id)
         url = store.presigned_url(job.output["key"])
@@ -339,18 +341,17 @@ _SKIPPED = {
 }
 
 
+def _output_key(job) -> str:
+    """The store key of the job's output file; "" when it has none (a report's output is its link)."""
+    return str(job.output.get("key") or "") if isinstance(job.output, dict) else ""
+
+
 def _applies(action, job) -> bool:
     if action == OperatorActionKind.CANCEL:
         return job.is_open
     if action == OperatorActionKind.RETRY:
         return job.status in operations.RETRYABLE
     return True
-
-
-def _cost_of(job) -> dict:
-    from executor.selectors import attempts_for, public_attempts
-
-    return public_attempts(attempts_for([job.id]).get(job.id, []))[1]
 
 
 @admin.register(OperatorAction)
