@@ -1,5 +1,6 @@
 """Reads of the executor's record: a job's attempts as the API shows them, and what they cost."""
 
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import connection
@@ -12,6 +13,8 @@ from executor.models import AttemptState
 PAID_SQL = f"""CASE WHEN a.accepted_at IS NOT NULL OR a.cost_usd IS NOT NULL THEN 'yes'
     WHEN a.state = '{AttemptState.UNCERTAIN}' OR (a.state = '{AttemptState.SUBMITTING}' AND a.sends > 0) THEN 'unknown'
     ELSE 'no' END"""
+# Whether an attempt may have been paid: an unpriced one counts as "nobody could price it" only then.
+MAYBE_PAID_SQL = f"a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}')"
 
 # A job's attempts, API-shaped, as one JSON value: a subquery other reads embed (`%s` is the job id
 # column or a parameter), so a job and its attempts come back in one statement.
@@ -20,7 +23,7 @@ ATTEMPTS_JSON_SQL = f"""
         'number', a.number, 'step', a.step, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
         'state', a.state, 'error_class', a.error_class, 'error', a.error, 'duration_ms', a.duration_ms,
         'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage, 'paid', {PAID_SQL},
-        'maybe_paid', a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))
+        'maybe_paid', {MAYBE_PAID_SQL})
         ORDER BY a.number), '[]'::json)
    FROM executor_attempt a WHERE a.job_id = {{job}})
 """
@@ -61,6 +64,34 @@ def public_attempts(rows: list[dict]) -> tuple[list[dict], dict]:
             row["cost_usd"] = str(cost)
         attempts.append(row)
     return attempts, {"total_usd": str(total.quantize(_SIX)), "unpriced_attempts": unpriced}
+
+
+@dataclass(frozen=True)
+class RunAttempts:
+    """One run's attempts as the job page sums them: how many, how many paid (`yes`) and of unknown
+    outcome (`unknown`, PAID_SQL), what the priced ones cost, and how many nobody could price."""
+
+    run: int
+    attempts: int
+    paid: int
+    paid_unknown: int
+    cost_usd: Decimal
+    unpriced: int
+
+
+_BY_RUN_SQL = f"""
+SELECT a.run, count(*), count(*) FILTER (WHERE ({PAID_SQL}) = 'yes'), count(*) FILTER (WHERE ({PAID_SQL}) = 'unknown'),
+       coalesce(sum(a.cost_usd), 0), count(*) FILTER (WHERE a.cost_usd IS NULL AND ({MAYBE_PAID_SQL}))
+  FROM executor_attempt a WHERE a.job_id = %s GROUP BY a.run ORDER BY a.run
+"""
+
+
+def attempts_by_run(job_id) -> dict[int, RunAttempts]:
+    """{run: RunAttempts} of one job, in one statement (the same rules as `paid` and public_attempts)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BY_RUN_SQL, [job_id])
+        return {row[0]: RunAttempts(row[0], row[1], row[2], row[3], Decimal(row[4]).quantize(_SIX), row[5])
+                for row in cursor.fetchall()}
 
 
 def uncertain_upstream_keys(job_id) -> list[str]:

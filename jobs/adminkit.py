@@ -1,6 +1,6 @@
 """The admin's side of jobs.operations: the one confirmation page every operator action shows (count
 preview, what it pays, a required reason) and the message after it, shared by the jobs, orders and dead
-letter admins."""
+letter admins; and the cells of the wide lists (short ids, client names, compact times)."""
 
 import uuid
 
@@ -10,6 +10,8 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
 from jobs.operations import OperationRefused
 
@@ -99,3 +101,34 @@ def is_uuid(value) -> bool:
     except ValueError:
         return False
     return True
+
+
+# --- the wide lists' cells (jobs, orders): one line a row on a 1366 px laptop screen ----------------------
+
+# The wide lists give the app sidebar's 300 px to their columns (Home, in the breadcrumbs, leads to every
+# other page). Their cells are styled by admin/payonce/compact_list.html.
+WIDE_LIST = {"is_nav_sidebar_enabled": False}
+
+
+def short_id(value) -> str:
+    """An id's first 8 characters; the whole id in its title (and in the link it sits in)."""
+    return format_html('<span class="short-id" title="{}">{}</span>', value, str(value)[:8])
+
+
+def clipped(text: str, *, title: str = "") -> str:
+    """A long name cut to the column's width by the stylesheet, whole in its title."""
+    return format_html('<span class="clip" title="{}">{}</span>', title or text, text)
+
+
+def client_cell(client) -> str:
+    """A client by name (its id in the title): two clients may share a name, never an id."""
+    return clipped(client.name, title=f"{client.name} ({client.id})")
+
+
+def compact_time(value) -> str | None:
+    """YYYY-MM-DD HH:MM in the admin's time zone, to the second in the title; None shows the list's dash."""
+    if value is None:
+        return None
+    local = timezone.localtime(value)
+    return format_html('<time datetime="{}" title="{}">{}</time>', value.isoformat(),
+                       f"{local:%Y-%m-%d %H:%M:%S %Z}", f"{local:%Y-%m-%d %H:%M}")

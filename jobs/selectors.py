@@ -1,14 +1,14 @@
-"""Reads of the jobs tables: for the views, the serializers' checks, the runner, the sweeper and the
-executor (nobody else reads jobs_job or jobs_step directly)."""
+"""Reads of the jobs tables: for the views, the serializers' checks, the runner, the sweeper, the
+executor and the operators' job list (nobody else reads jobs_job or jobs_step directly)."""
 
 from datetime import timedelta
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from executor.selectors import attempts_json_sql
 from executor.models import AttemptState
-from jobs.models import ChapterStatus, Job, JobStatus, Step, StepStatus
+from jobs.models import ChapterStatus, Client, Job, JobStatus, Step, StepStatus
 
 
 def succeeded_output_keys(*, client_id, keys) -> set[str]:
@@ -56,6 +56,33 @@ def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwar
 
 def own_succeeded_job(*, client_id, job_id) -> Job | None:
     return Job.objects.filter(client_id=client_id, id=job_id, status=JobStatus.SUCCEEDED).first()
+
+
+# --- the operators' job list (jobs.admin) ----------------------------------------------------------------
+
+# The models named in the newest jobs' chains: read along job_created, so it costs the same over any size of
+# table (the whole table's chains would be every row unnested: 300,000 of them in bench/admin.py).
+_MODELS_IN_USE_SQL = """
+SELECT DISTINCT m.name
+  FROM (SELECT model_chain FROM jobs_job ORDER BY created_at DESC, id DESC LIMIT %s) j
+ CROSS JOIN LATERAL jsonb_array_elements_text(
+     CASE WHEN jsonb_typeof(j.model_chain) = 'array' THEN j.model_chain ELSE '[]'::jsonb END) AS m(name)
+ ORDER BY m.name
+"""
+
+
+def models_in_use(*, newest: int) -> list[str]:
+    """The models (provider/model) the chains of the newest `newest` jobs name, sorted."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MODELS_IN_USE_SQL, [newest])
+        return [name for (name,) in cursor.fetchall()]
+
+
+def clients_with_jobs():
+    """The clients that have a job, by name: one probe of job_client_created per client, never a scan of
+    the jobs (a DISTINCT over client_id reads every row)."""
+    return (Client.objects.filter(Exists(Job.objects.filter(client_id=OuterRef("pk"))))
+            .order_by("name", "id").only("id", "name"))
 
 
 # --- the runner and the sweeper ---------------------------------------------------------------------------

@@ -209,3 +209,125 @@ def test_a_job_with_thousands_of_rows_shows_its_newest_entries_and_all_on_demand
     assert f"payonce-{job.id}-2</dd>" not in page.content.decode()
     every = admin_client.get(f"/admin/jobs/job/{job.id}/change/?all=1")
     assert not every.context["older_left_out"] and f"payonce-{job.id}-2</dd>" in every.content.decode()
+
+
+# --- the list on a laptop's screen: short ids, client names, what is in use ------------------------------
+
+
+def test_the_list_shows_short_ids_and_client_names_in_as_many_statements_for_eight_jobs_as_for_four(
+        admin_client, jobs, make_api):
+    with CaptureQueriesContext(connection) as four:
+        page = admin_client.get("/admin/jobs/job/").content.decode()
+    failed = jobs["failed"]
+    assert f'<span class="short-id" title="{failed.id}">{str(failed.id)[:8]}</span>' in page
+    assert f'title="alpha ({failed.client_id})">alpha</span>' in page  # the name shown, the id in its title
+    assert "sandbox/video-keyed +1" in page  # a chain's first model and how many fallbacks follow
+
+    gamma = make_api("gamma")
+    for n in range(4):
+        make_job(gamma, f"g-{n}")
+    with CaptureQueriesContext(connection) as eight:
+        assert len(admin_client.get("/admin/jobs/job/").context["cl"].result_list) == 8
+    assert len(eight) == len(four), [q["sql"] for q in eight.captured_queries]
+
+
+def _choices(response, title: str) -> list[str]:
+    [spec] = [spec for spec in response.context["cl"].filter_specs if spec.title == title]
+    return [str(label) for _, label in spec.lookup_choices]
+
+
+def test_the_filters_list_the_clients_with_jobs_and_the_models_the_newest_jobs_name(admin_client, jobs, make_api,
+                                                                                    monkeypatch):
+    from jobs.admin import ModelFilter
+
+    make_api("idle")  # a client with no job
+    response = admin_client.get("/admin/jobs/job/")
+    assert [label.split(" (")[0] for label in _choices(response, "client")] == ["alpha", "beta"]
+    assert [label for label in _choices(response, "model")] == ["sandbox/image-lookup", "sandbox/video-keyed"]
+
+    # Bounded: only the newest jobs are read for the models. An older job's model is still filtered on by URL.
+    monkeypatch.setattr(ModelFilter, "MODELS_FROM", 1)
+    assert _choices(admin_client.get("/admin/jobs/job/"), "model") == ["sandbox/video-keyed"]
+    chosen = admin_client.get("/admin/jobs/job/", {"model": "sandbox/image-lookup"})
+    assert _choices(chosen, "model") == ["sandbox/image-lookup", "sandbox/video-keyed"]
+    assert {job.id for job in chosen.context["cl"].result_list} == {jobs["failed"].id}
+
+
+# --- the job page's summary ----------------------------------------------------------------------------------
+
+
+def test_the_job_page_opens_with_each_runs_attempts_paid_cost_and_outcome(admin_client, jobs):
+    from jobs.services import job_retry
+
+    failed = jobs["failed"]
+    Attempt.objects.filter(job=failed, number=1).update(accepted_at=timezone.now())  # accepted, then failed: paid
+    Step.objects.create(job=failed, run=1, name="submit", status=StepStatus.FAILED, finished_at=timezone.now(),
+                        result={"error": {"code": "ATTEMPTS_EXHAUSTED", "message": "every try failed"}})
+    job_retry(job=failed)
+    failed.refresh_from_db()
+    attempt(failed, 3, state=AttemptState.UNCERTAIN, sends=1)  # run 2: nobody knows whether it was paid
+    attempt(failed, 4, state=AttemptState.SUCCEEDED, accepted_at=timezone.now())  # paid, not priced
+
+    response = admin_client.get(f"/admin/jobs/job/{failed.id}/change/")
+    summary = response.context["summary"]
+    rows = list(Attempt.objects.filter(job=failed))
+    for line in summary.lines:  # each run as the attempt rows say it (Attempt.paid, cost_usd)
+        mine = [a for a in rows if a.run == line.run]
+        assert (line.attempts, line.paid, line.paid_unknown) == (
+            len(mine), sum(a.paid == "yes" for a in mine), sum(a.paid == "unknown" for a in mine))
+        assert line.cost_usd == sum((a.cost_usd for a in mine if a.cost_usd is not None), Decimal(0))
+    assert [(line.run, line.attempts, line.paid, line.outcome) for line in summary.lines] == [
+        (1, 2, 1, "ended ATTEMPTS_EXHAUSTED; retried"), (2, 2, 1, "queued")]
+    assert (summary.total.attempts, summary.total.paid, summary.total.cost_usd) == (4, 2, Decimal("0.400000"))
+    assert (summary.lines[1].paid_unknown, summary.lines[1].unpriced) == (1, 2)  # both may have been paid
+    page = response.content.decode()
+    assert page.index('data-testid="runs"') < page.index('data-testid="timeline"')
+    # The timeline folds by run: the earlier run closed, the current one open.
+    assert '<details class="run" data-run="1">' in page and '<details class="run" data-run="2" open>' in page
+
+
+def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_total(admin_client):
+    from billing.models import Order
+    from billing.orders import order_create
+    from jobs.models import Report
+    from jobs.reports import chapter_save, report_from_token, report_load
+    from tests.test_admin_spend import make_client, media_job, order_data
+
+    order, _ = order_create(client=make_client("shop"), data=order_data("pi_1"))
+    url = f"/admin/jobs/job/{order.job_id}/change/"
+    early = admin_client.get(url).context["report"]
+    assert (early.link, early.recipient, early.chapters_done, early.chapters_total) == ("", "buyer@example.com", 0, 2)
+
+    report = report_load(job=order.job)
+    chapter_save(report=report, key="sun", text="warm", run=1, attempt=1)
+    duplicate, _ = order_create(client=order.client, data={**order_data("pi_2"), "email": "else@example.com"})
+    Order.objects.filter(id=duplicate.id).update(mailed_at=timezone.now(), mailed_to="buyer@example.com")
+    response = admin_client.get(url)
+    facts = response.context["report"]
+    assert str(report_from_token(facts.link.rsplit("/r/", 1)[1]).job_id) == str(order.job_id)
+    assert (facts.recipient, facts.order.id, facts.chapters_done, facts.chapters_total) == (
+        "buyer@example.com", order.id, 1, 2)
+    assert [c.key for c in facts.not_done] == ["moon"] and facts.mail_state == "info"
+    page = response.content.decode()
+    assert 'data-testid="chapters" data-done="1" data-total="2"' in page
+    assert "the link mailed again to buyer@example.com" in page
+
+    Report.objects.filter(job_id=order.job_id).update(sealed_at=timezone.now(),
+                                                      delivery_error="SMTPServerDisconnected: x")
+    assert admin_client.get(url).context["report"].mail_state == "wait"
+    Report.objects.filter(job_id=order.job_id).update(delivered_at=timezone.now(), delivery_error="")
+    assert admin_client.get(url).context["report"].mail.startswith("mailed ")
+    render = media_job(order.client, "a-render")
+    assert admin_client.get(f"/admin/jobs/job/{render.id}/change/").context["report"] is None  # not a report
+
+
+def test_a_reports_output_is_its_link_so_the_output_url_is_404_not_a_500(admin_client):
+    from billing.orders import order_create
+    from tests.test_admin_spend import make_client, order_data
+
+    order, _ = order_create(client=make_client("shop"), data=order_data("pi_1"))
+    job_finish(job_id=order.job_id, status=JobStatus.SUCCEEDED,
+               output={"report": "http://x/v1/jobs/1/report", "link": "http://x/r/t", "delivered": True})
+    page = admin_client.get(f"/admin/jobs/job/{order.job_id}/change/").content.decode()
+    assert f"/admin/jobs/job/{order.job_id}/output/" not in page
+    assert admin_client.get(f"/admin/jobs/job/{order.job_id}/output/").status_code == 404
