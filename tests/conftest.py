@@ -199,10 +199,15 @@ class Api:
         return response.json()
 
 
+# A webhook URL for clients whose jobs' events must be delivery rows (a polling client's make none),
+# in tests where no webhooks process runs: the rows stay pending and nothing is sent.
+HOOK_URL = "https://hooks.example.com/payonce"
+
+
 @pytest.fixture
 def make_api(db):
-    def make(name: str = "acme") -> Api:
-        return Api(client_create(name=name))
+    def make(name: str = "acme", webhook_url: str = "") -> Api:
+        return Api(client_create(name=name, webhook_url=webhook_url))
 
     return make
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from executor.models import Attempt, AttemptState
 from jobs.models import Job, JobStatus, OperatorAction, Step, StepStatus
 from jobs.services import job_finish
-from tests.conftest import media_body
+from tests.conftest import HOOK_URL, media_body
 from webhooks.models import Delivery, DeliveryStatus
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +32,8 @@ def attempt(job, number, state=AttemptState.FAILED, **fields):
 
 @pytest.fixture
 def jobs(make_api):
-    alpha, beta = make_api("alpha"), make_api("beta")
+    # Clients that take webhooks: their jobs' events are delivery rows (no webhooks process sends them).
+    alpha, beta = make_api("alpha", webhook_url=HOOK_URL), make_api("beta", webhook_url=HOOK_URL)
     made = {
         "queued": make_job(alpha, "a-queued", metadata={"customer": "c7", "n": 7}),
         "failed": make_job(alpha, "a-failed", models=["sandbox/video-keyed", "sandbox/image-lookup"]),

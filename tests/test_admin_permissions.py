@@ -24,6 +24,7 @@ from executor.store import client_store
 from jobs.models import Client, Job, JobStatus, OperatorAction
 from jobs.reports import report_load
 from jobs.services import client_create, job_create, job_finish
+from tests.conftest import HOOK_URL
 from webhooks.models import Delivery, DeliveryStatus
 from webhooks.services import delivery_create
 
@@ -77,7 +78,7 @@ class World:
 
 
 def make_world(tag: str) -> World:
-    client = Client.objects.get(id=client_create(name=f"shop-{tag}")["client_id"])
+    client = Client.objects.get(id=client_create(name=f"shop-{tag}", webhook_url=HOOK_URL)["client_id"])
 
     def job(key):
         made, _ = job_create(client=client, idempotency_key=key, data={

@@ -28,6 +28,7 @@ from jobs.models import Client, Job, JobStatus, OperatorAction
 from jobs.operations import preview_jobs
 from jobs.reports import report_load
 from jobs.services import client_create, job_create
+from tests.conftest import HOOK_URL
 from webhooks.models import Delivery, DeliveryAttempt
 from webhooks.services import delivery_create
 
@@ -40,8 +41,8 @@ SPEND = "/admin/billing/spend/"
 # --- rows, made through the services ------------------------------------------------------------------------
 
 
-def make_client(name: str, cap: str | None = None) -> Client:
-    created = client_create(name=name, monthly_cap_usd=D(cap) if cap is not None else None)
+def make_client(name: str, cap: str | None = None, webhook_url: str = HOOK_URL) -> Client:
+    created = client_create(name=name, monthly_cap_usd=D(cap) if cap is not None else None, webhook_url=webhook_url)
     return Client.objects.get(id=created["client_id"])
 
 

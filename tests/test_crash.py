@@ -17,6 +17,7 @@ from kombu import Connection
 from executor.models import Attempt
 from jobs.models import Job
 from jobs.services import client_create
+from tests.conftest import HOOK_URL
 from tests.support.books import assert_books_balance
 from tests.support.procs import Stack
 from webhooks.models import Delivery
@@ -60,7 +61,7 @@ def stack(request, transactional_db, ledger):  # stopped before the database is 
 def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(stack, ledger):
     processes, broker_url, how = stack
     worker = processes["worker"]
-    credentials = client_create(name="crash")
+    credentials = client_create(name="crash", webhook_url=HOOK_URL)  # its events are rows (no webhooks process)
     url = f"{processes.url}/v1/jobs"
     headers = {"Authorization": f"Bearer {credentials['api_key']}"}
     # The first submits are held in flight by the provider, so the first kill lands mid-call: those

@@ -56,7 +56,9 @@ def cut_connections(dbname: str, seconds: float) -> int:
 
 def test_a_worker_whose_connections_are_cut_mid_task_completes_every_task_and_keeps_consuming(transactional_db):
     purge_queue(BROKER, "webhooks")
-    env = {"BROKER_URL": BROKER, "WEBHOOK_DRAIN_INTERVAL_S": 0.2, "PGAPPNAME": APP_NAME}
+    # LOG_LEVEL=DEBUG: the worker's "received" and "succeeded" lines of the drain, read below, are routine
+    # lines kept at DEBUG (config.logs.RoutineFilter).
+    env = {"BROKER_URL": BROKER, "WEBHOOK_DRAIN_INTERVAL_S": 0.2, "PGAPPNAME": APP_NAME, "LOG_LEVEL": "DEBUG"}
     worker = ProcfileProcess("webhooks", env).start()
     beat = ProcfileProcess("beat", env).start()
     try:

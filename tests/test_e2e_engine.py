@@ -6,12 +6,18 @@ import pytest
 import requests
 
 from jobs.models import Step
-from tests.conftest import media_body
+from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
 from tests.test_e2e_media import wait_for
 from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def api(make_api):
+    """A client that takes webhooks: its jobs' events are outbox rows to check (no webhooks process runs)."""
+    return make_api("acme", webhook_url=HOOK_URL)
 
 
 def wait_until(predicate, timeout: float = 15.0, message: str = "condition"):

@@ -12,10 +12,16 @@ from executor import services as executor_services
 from jobs import runner, services, sweeper, workflow
 from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.workflow import Continue, Done, Effect, FanOut, FanOutSpec, Later, Recipe, Resume, Stage, StepSpec, Stop
-from tests.conftest import concurrently, media_body
+from tests.conftest import HOOK_URL, concurrently, media_body
 from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def api(make_api):
+    """A client that takes webhooks: every event of its jobs is an outbox row these tests can read."""
+    return make_api("acme", webhook_url=HOOK_URL)
 
 
 class RaisingProvider:

@@ -15,13 +15,19 @@ from executor.store import client_store
 from jobs import runner, workflow
 from jobs.models import Job, Step
 from jobs.tasks import start_run
-from tests.conftest import media_body
+from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
 from tests.test_e2e_engine import wait_until
 from tests.test_e2e_media import wait_for
 from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def api(make_api):
+    """A client that takes webhooks: its jobs' events are outbox rows to check (no webhooks process runs)."""
+    return make_api("acme", webhook_url=HOOK_URL)
 ENDED = {"succeeded", "failed", "cancelled", "waiting"}
 
 

@@ -16,6 +16,7 @@ from billing.selectors import month_totals
 from executor.models import Attempt
 from jobs.models import Job, Step
 from jobs.services import client_create
+from tests.conftest import HOOK_URL
 from tests.support.books import assert_books_balance
 from tests.support.procs import Stack
 from webhooks.models import Delivery
@@ -39,7 +40,7 @@ def kill_while_submitting(stack, ledger, model: str, down_s: float = 0.0) -> str
     (the intent committed, the answer not back) and start it again `down_s` later. Returns the job id
     once it ended."""
     ledger.faults([{"model": model.split("/")[1], "action": "delay", "seconds": 3}])  # hold the submit out
-    credentials = client_create(name="crash")
+    credentials = client_create(name="crash", webhook_url=HOOK_URL)  # its events are rows (no webhooks process)
     response = requests.post(
         f"{stack.url}/v1/jobs", timeout=10,
         json={"kind": "media", "models": [model], "input": {"prompt": "killed", "render_s": 1}},

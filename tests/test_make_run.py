@@ -4,6 +4,7 @@ own: the stack comes up, prints the demo key and lines again once every process 
 demo; its output is plain log lines, with no routine lines of the periodic tasks and a console mail as
 readable lines. Then Ctrl-C stops every process."""
 
+import getpass
 import json
 import os
 import re
@@ -35,7 +36,9 @@ def server_url(name: str) -> str:
     from django.conf import settings
 
     db = settings.DATABASES["default"]
-    auth = (db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "") + "@") if db["USER"] else ""
+    # Named, not left to libpq: with no user it connects as the login user, which is `nobody` there.
+    user = db["USER"] or getpass.getuser()
+    auth = user + (f":{db['PASSWORD']}" if db["PASSWORD"] else "") + "@"
     return f"postgres://{auth}{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{name}"
 
 
