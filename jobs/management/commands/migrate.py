@@ -10,9 +10,10 @@ from config.db import ensure_database
 # Stock Debian, Ubuntu and Fedora PostgreSQL know only the `postgres` role: the default DATABASE_URL,
 # which names no user, connects as the login user and is refused. One line says what to do instead of a
 # traceback.
-HINT = ("DATABASE_URL must name a PostgreSQL role that may create databases, e.g. "
-        "DATABASE_URL=postgres://$USER@127.0.0.1:5432/payonce after `sudo -u postgres createuser --createdb $USER`, "
-        "or DATABASE_URL=postgres://postgres@127.0.0.1:5432/payonce where the server trusts local connections")
+HINT = ("DATABASE_URL must name a PostgreSQL role that may create databases (README.md, Requirements): on "
+        "Debian or Ubuntu `sudo -u postgres createuser --createdb --pwprompt $USER`, then "
+        "DATABASE_URL=postgres://$USER:<password>@127.0.0.1:5432/payonce; where the server trusts local "
+        "connections, DATABASE_URL=postgres://postgres@127.0.0.1:5432/payonce")
 
 
 class Command(MigrateCommand):
