@@ -1,4 +1,5 @@
-"""The documents cannot rot: the README's quickstart runs, and every link names a file and heading that exist.
+"""The documents cannot rot: the README's quickstart runs, every link names a file and heading that exist,
+and every document the code cites exists with the heading it names.
 
 Every ```sh block of README.md runs, in order, in one `bash -euo pipefail` (as a reader's terminal
 would: a block's variables and functions are the next block's), against the real `web` process, a
@@ -145,3 +146,39 @@ def test_every_relative_link_names_a_file_and_a_heading_that_exist(document):
         assert linked.exists(), f"{document.name}: {target} names no file"
         if anchor and linked.suffix == ".md":
             assert anchor in anchors(linked), f"{document.name}: {target}: no such heading in {linked.name}"
+
+
+# --- what the code cites ---------------------------------------------------------------------------------
+
+# The specification payonce was built from lives outside the repository: citing it sends a reader nowhere.
+OUTSIDE_DOCUMENTS = re.compile("|".join(re.escape(name + ".md") for name in ("DESIGN", "API", "STYLE")))
+# (docs/design.md, "Keys have a lifetime"): a document, and optionally the heading it names, in quotes.
+CITATION = re.compile(r"(docs/[\w./-]+\.md)(?:,\s*\(?\"([^\"]+)\")?")
+
+
+def tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    found = []
+    for name in names.splitlines():
+        path = REPO_ROOT / name
+        if path.suffix in (".svg", ".png") or not path.is_file():
+            continue
+        try:
+            found.append((path, path.read_text()))
+        except UnicodeDecodeError:
+            continue
+    return found
+
+
+def test_every_document_the_code_cites_exists_with_the_heading_it_names():
+    cited = 0
+    for path, text in tracked_text_files():
+        where = path.relative_to(REPO_ROOT)
+        assert not OUTSIDE_DOCUMENTS.search(text), f"{where} cites a document that is not in the repository"
+        for document, section in CITATION.findall(text):
+            cited += 1
+            assert (REPO_ROOT / document).is_file(), f"{where} cites {document}, which does not exist"
+            if section:
+                headings = {slug(h) for h in re.findall(r"^#{1,6} (.+?)\s*$", (REPO_ROOT / document).read_text(), re.M)}
+                assert slug(" ".join(section.split())) in headings, f"{where}: {document} has no heading {section!r}"
+    assert cited >= 60  # the code's citations of design, API, operating and sandbox sections (83 when written)
