@@ -1,4 +1,5 @@
-"""Benchmark: many long renders waited on at once, by one worker, at little cost (DESIGN.md, section 9).
+"""Benchmark: many long renders waited on at once, by one worker, at little cost
+(docs/design.md, "Waiting costs little").
 
 2,000 `media` jobs whose render takes 60 s are POSTed to `web` and run by ONE `worker` process, both as
 the Procfile starts them, with the sandbox provider as its own process (calling back to `web`).

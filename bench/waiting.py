@@ -1,5 +1,5 @@
-"""Benchmark: what waiting on one long render costs (DESIGN.md, section 9), in provider polls and Celery
-messages per job, against what it cost when every job was polled every POLL_INTERVAL_S.
+"""Benchmark: what waiting on one long render costs (docs/design.md, "Waiting costs little"), in provider polls and
+Celery messages per job, against what it cost when every job was polled every POLL_INTERVAL_S.
 
 Three phases of `--jobs` `media` jobs, each a `--render-s` (60 s) render on sandbox/video-keyed, run by
 `web`, `worker` and the sandbox as the Procfile starts them (the sandbox calls back to `web`):

@@ -1,6 +1,6 @@
 """Billing owns the rate card's overrides, the budget of each client month and every reservation against
-it (DESIGN.md, section 6). The cost of each attempt is the executor's record (executor.Attempt); billing
-prices it and keeps the money it may still cost reserved until it is known.
+it (docs/design.md, "Money: cost, the rate card and the cap"). The cost of each attempt is the executor's record
+(executor.Attempt); billing prices it and keeps the money it may still cost reserved until it is known.
 """
 
 import uuid
@@ -145,7 +145,7 @@ ORDER_ONE_PAID_CONSTRAINT = "order_one_paid_per_run_product"
 
 
 class Order(models.Model):
-    """A paid order (DESIGN.md, section 7): a payment id from the payment provider, the run it pays for
+    """A paid order (docs/design.md, "Orders"): a payment id from the payment provider, the run it pays for
     and the product. One payment id is one order (a replay is the same order); one run and product is
     one report (a second payment for them is recorded as a duplicate and makes nothing)."""
 

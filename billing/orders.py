@@ -1,4 +1,4 @@
-"""Paid orders (DESIGN.md, section 7): a payment becomes one report job, and never two.
+"""Paid orders (docs/design.md, "Orders"): a payment becomes one report job, and never two.
 
 1. The order is inserted with ON CONFLICT DO NOTHING, naming no arbiter, so either constraint makes it
    do nothing: `order_client_payment` (a replay of the same payment id: the same order, or a 409 when

@@ -1,4 +1,4 @@
-"""The rate card (DESIGN.md, section 6): what a model costs, and the most one call on it can cost.
+"""The rate card (docs/design.md, "The rate card"): what a model costs, and the most one call on it can cost.
 
 Defaults live here, in code; rows of `ModelPrice` (the admin) override them model by model. Token prices
 are dollars per million tokens for input, output, cache write and cache read; media is priced per render,

@@ -56,7 +56,8 @@ def month_totals(budget: BudgetMonth | None) -> tuple[Decimal, Decimal]:
 
 
 def month_spend(client, month: date) -> dict:
-    """GET /v1/spend's answer for one client month (API.md): money as decimal strings, 6 places."""
+    """GET /v1/spend's answer for one client month (docs/api.md, "Spend: GET /v1/spend"): money as decimal strings, 6
+    places."""
     budget = BudgetMonth.objects.filter(client_id=client.id, month=month).first()
     cap = cap_of(client)
     spent, reserved = month_totals(budget)

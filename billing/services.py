@@ -1,5 +1,5 @@
-"""The budget guard (DESIGN.md, section 6): reserve the worst case before a paid call, settle or release it
-exactly once when its money is known, and never let `spent + reserved` pass a client month's cap.
+"""The budget guard (docs/design.md, "The cap: spent + reserved <= cap"): reserve the worst case before a paid call,
+settle or release it exactly once when its money is known, and never let `spent + reserved` pass a client month's cap.
 
 1. Reserve rides the executor's intent: it must run inside the transaction that commits the attempt in
    `submitting` (executor.attempts._intend), so intent and reservation exist together or not at all.

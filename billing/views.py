@@ -1,4 +1,4 @@
-"""GET /v1/spend (API.md): a client's month of spend, as the budget guard keeps it."""
+"""GET /v1/spend (docs/api.md, "Spend: GET /v1/spend"): a client's month of spend, as the budget guard keeps it."""
 
 import re
 from datetime import date

@@ -1,5 +1,6 @@
 """The Celery app. Two queues: `jobs` (paid work) and `webhooks` (deliveries), each served by its own
-worker process, so a broken receiver never slows paid work (API.md, "Processes")."""
+worker process, so a broken receiver never slows paid work (docs/operating.md,
+"Running on several machines")."""
 
 import os
 from functools import lru_cache

@@ -1,5 +1,5 @@
-"""Create the database named by DATABASE_URL when it is missing (API.md: "the database is created if
-missing"), so a fresh machine needs no manual `createdb`."""
+"""Create the database named by DATABASE_URL when it is missing (docs/api.md, "Settings": the database
+is created if missing), so a fresh machine needs no manual `createdb`."""
 
 import psycopg
 from psycopg import errors, sql

@@ -1,5 +1,5 @@
 """payonce settings: everything comes from the environment, every default works on a developer machine
-with PostgreSQL and Redis on localhost (see API.md, "Processes and settings")."""
+with PostgreSQL and Redis on localhost (see docs/api.md, "Settings")."""
 
 from datetime import timedelta
 from pathlib import Path
@@ -224,7 +224,7 @@ WEBHOOK_DRAIN_INTERVAL_S = env_float("WEBHOOK_DRAIN_INTERVAL_S", 5.0, minimum=0.
 # Due rows for one target travel to a dispatcher together, up to this many per message.
 WEBHOOK_BATCH_SIZE = env_int("WEBHOOK_BATCH_SIZE", 50, minimum=1)
 
-# Real providers (DESIGN.md, section 6: spending real money is opt-in). Off: the real adapters answer from
+# Real providers (docs/design.md, "Real money is opt-in"). Off: the real adapters answer from
 # recorded fixtures, with no network. On: each adapter needs its key, and REAL_PROVIDERS=1 with no key at
 # all refuses to start (executor.providers.real).
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY", "")
@@ -235,7 +235,7 @@ OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip
 REPLICATE_API_TOKEN = env_str("REPLICATE_API_TOKEN", "")
 REPLICATE_BASE_URL = env_str("REPLICATE_BASE_URL", "https://api.replicate.com").rstrip("/")
 
-# Waiting (DESIGN.md, section 9). Polls back off from POLL_INTERVAL_S to POLL_MAX_INTERVAL_S (the first at
+# Waiting (docs/design.md, "Waiting"). Polls back off from POLL_INTERVAL_S to POLL_MAX_INTERVAL_S (the first at
 # the provider's expected duration where it says one). Providers that call back are asked to, at
 # PROVIDER_CALLBACK_BASE_URL + /v1/callbacks/<provider> (set it to `off` for none): a callback only wakes
 # the waiting step at once; polling stays the fallback. Each provider's callbacks are verified (Standard
@@ -257,10 +257,10 @@ PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")
 # the threads pool cannot enforce Celery's time limits (below).
 PROVIDER_CONNECT_TIMEOUT_S = env_float("PROVIDER_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
 PROVIDER_READ_TIMEOUT_S = env_float("PROVIDER_READ_TIMEOUT_S", 30.0, minimum=0.1)
-# An LLM call writes up to 8,000 tokens: it may take this long to answer (DESIGN.md, section 7).
+# An LLM call writes up to 8,000 tokens: it may take this long to answer (docs/design.md, "Reports and orders").
 LLM_READ_TIMEOUT_S = env_float("LLM_READ_TIMEOUT_S", 120.0, minimum=0.1)
-# Leases (DESIGN.md, section 2). A step holds its lease while it works and renews it every third of
-# STEP_LEASE_S; a worker that died stops renewing and its step is taken over when the lease runs out. A
+# Leases (docs/design.md, "How a job runs: durable steps"). A step holds its lease while it works and renews it every
+# third of STEP_LEASE_S; a worker that died stops renewing and its step is taken over when the lease runs out. A
 # job's enqueue lease is how long a message sent for it may take to be picked up before the sweeper
 # sends another. Recovery after a dead worker or a flushed broker is bounded by SWEEP_INTERVAL_S plus
 # these leases, never by the broker's visibility timeout.
@@ -271,7 +271,7 @@ ATTACH_WAIT_S = env_float("ATTACH_WAIT_S", 10.0, minimum=0.0)
 # How long a store error that may pass (a network error, a 5xx, a full disk) is retried before the job
 # fails UPLOAD_FAILED; an error that cannot pass (a key the store cannot hold) fails it at once.
 STORE_RETRY_WINDOW_S = env_float("STORE_RETRY_WINDOW_S", 600.0, minimum=1.0)
-# Every wait ends (DESIGN.md, section 9): the longest an accepted attempt is waited on when neither the
+# Every wait ends (docs/design.md, "Every wait ends"): the longest an accepted attempt is waited on when neither the
 # job's policy.window_s nor the provider sets a window. Past it the attempt is cancelled upstream where
 # the provider can and ends window_expired.
 WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 3600.0, minimum=1.0)
@@ -280,7 +280,7 @@ WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 3600.0, minimum=1.0)
 # sees both sides agree: past it, an attempt whose outcome is unknown is uncertain, never resent.
 SANDBOX_KEY_TTL_S = env_float("SANDBOX_KEY_TTL_S", 0.0, minimum=0.0) or None
 
-# Reports (DESIGN.md, section 7).
+# Reports (docs/design.md, "Reports and orders").
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)
 REPORT_CHAPTER_MAX_TOKENS = env_int("REPORT_CHAPTER_MAX_TOKENS", 4000, minimum=1)
 REPORT_MAX_CHAPTERS = env_int("REPORT_MAX_CHAPTERS", 24, minimum=1)
@@ -309,7 +309,7 @@ EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.localhost>")
 
 # --- Celery --------------------------------------------------------------------------------------------
-# The broker is a doorbell: messages carry ids, Postgres holds the truth (DESIGN.md, "Stack").
+# The broker is a doorbell: messages carry ids, Postgres holds the truth (docs/design.md, "Recovery: the sweeper").
 
 CELERY_BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
 # A provider callback is acted on once per message id, across web processes: the ids seen are kept in
@@ -357,7 +357,7 @@ CELERY_TASK_SOFT_TIME_LIMIT = env_int("TASK_SOFT_TIME_LIMIT_S", 300, minimum=1)
 CELERY_TASK_TIME_LIMIT = env_int("TASK_TIME_LIMIT_S", 330, minimum=2)
 # Redis gives an unacknowledged message to another worker after visibility_timeout. It must be longer
 # than the longest task and the longest countdown, or a slow task would run twice at once. Recovery
-# from a dead worker does not wait for it: the sweeper re-enqueues by id (DESIGN.md, section 2).
+# from a dead worker does not wait for it: the sweeper re-enqueues by id (docs/design.md, "Recovery: the sweeper").
 BROKER_VISIBILITY_TIMEOUT_S = env_int("BROKER_VISIBILITY_TIMEOUT_S", 3600, minimum=CELERY_TASK_TIME_LIMIT + 60)
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S, "socket_connect_timeout": 5, "socket_timeout": 10}

@@ -1,4 +1,4 @@
-"""The attempt runner: where money is spent (DESIGN.md, section 3; seed 002).
+"""The attempt runner: where money is spent (docs/design.md, "Where money is spent: attempts").
 
 1. Intent before spend: an `Attempt` row is committed in state `submitting`, with its upstream key
    `payonce-{job}-{n}` and the exact request, before the provider is called.
@@ -115,8 +115,8 @@ def _wait(job, *, rung: bool = False) -> dict | None:
     it runs; None after an attempt that failed upstream, a definite end: the runner submits the next one
     (same rules as `submit`).
 
-    Waiting costs little (DESIGN.md, section 9): the provider is polled on executor.policy's schedule (the
-    first poll at its expected duration where it says one, then growing gaps), and a pass that comes
+    Waiting costs little (docs/design.md, "Waiting costs little"): the provider is polled on executor.policy's schedule
+    (the first poll at its expected duration where it says one, then growing gaps), and a pass that comes
     before a poll is due asks nothing, unless the provider `rung` (called back): then it polls at once.
     Every wait ends: an accepted attempt is waited on for its window (the job's policy.window_s or the
     provider's own limit, else WAIT_DEADLINE_S), then given up as window_expired. Polls that fail back
@@ -179,7 +179,7 @@ _LONGEST_LOOK_S = settings.BROKER_VISIBILITY_TIMEOUT_S / 2
 
 def _poll_interval(current: Attempt) -> float:
     """Where the provider was asked to call back, polling is only the fallback: its gaps start
-    POLL_CALLBACK_FACTOR times longer (DESIGN.md, section 9)."""
+    POLL_CALLBACK_FACTOR times longer (docs/design.md, "Callbacks are a doorbell")."""
     if callbacks.callback_url(current.provider):
         return settings.POLL_INTERVAL_S * settings.POLL_CALLBACK_FACTOR
     return settings.POLL_INTERVAL_S
@@ -615,8 +615,8 @@ def _send(job, attempt: Attempt) -> None:
 
 def _resolve(job, attempt: Attempt, *, resend: bool = True) -> None:
     """An attempt found in `submitting`: its last send's outcome is unknown. Resolve it by capability
-    (DESIGN.md, the recovery table). `resend=False` right after our own failed send: a keyed or proven
-    absent attempt then goes out again only after a back-off (StepRetry)."""
+    (docs/design.md, "Intent before spend, and the recovery table"). `resend=False` right after our own failed send: a
+    keyed or proven absent attempt then goes out again only after a back-off (StepRetry)."""
     spec = model_spec(attempt.model_name)
     caps = spec.capabilities
     if attempt.sends == 0:

@@ -1,4 +1,4 @@
-"""Provider callbacks: a doorbell for the waiting step (DESIGN.md, section 9).
+"""Provider callbacks: a doorbell for the waiting step (docs/design.md, "Callbacks are a doorbell").
 
 A provider that calls back on completion (the sandbox's `callback_url`, Replicate's webhooks) is asked to
 POST to /v1/callbacks/<provider>. A callback changes no record: it is verified (Standard Webhooks, with

@@ -1,5 +1,5 @@
-"""The attempt runner's decisions, as tables and pure functions (DESIGN.md, section 3): which of the
-three kinds of failure an ended send is, what an attempt's error class means for the chain, how long to
+"""The attempt runner's decisions, as tables and pure functions (docs/design.md, "Where money is spent: attempts"):
+which of the three kinds of failure an ended send is, what an attempt's error class means for the chain, how long to
 wait before the next try, how long an attempt may be waited on and its key lives. No database and no
 network here: executor.attempts reads the record and acts on what these say, and tests/test_policy.py
 checks them row by row.
@@ -145,7 +145,7 @@ def retry_backoff_s(tries: int, retry_after: float | None) -> float:
 
 
 def attempt_window_s(*, policy_window_s: float | None, provider_window_s: float | None, deadline_s: float) -> float:
-    """How long an accepted attempt may be waited on (DESIGN.md, section 9: every wait ends): the
+    """How long an accepted attempt may be waited on (docs/design.md, "Every wait ends"): the
     tighter of the job's policy.window_s and the provider's own limit, else the deadline for everyone
     (WAIT_DEADLINE_S)."""
     windows = [w for w in (policy_window_s, provider_window_s) if w]
@@ -162,7 +162,7 @@ def poll_retry_s(poll_errors: int, *, poll_interval_s: float, left_s: float) -> 
 def next_poll_s(*, waited_s: float, expected_s: float | None, interval_s: float, cap_s: float,
                 left_s: float) -> float:
     """How long until the next poll of an accepted attempt that has been waited on for `waited_s`
-    (DESIGN.md, section 9: waiting costs little). Stateless, from the clock alone, so it costs no write:
+    (docs/design.md, "Waiting costs little"). Stateless, from the clock alone, so it costs no write:
 
     - before the provider's expected duration (where it says one): at that duration;
     - past it (or with none said): as long as the render has run over already, at least `interval_s`

@@ -1,5 +1,5 @@
-"""The S3 output store (DESIGN.md, section 4): `FileStore`'s interface and semantics on any S3 API (AWS S3,
-Cloudflare R2, MinIO, moto), selected by `OUTPUT_STORE_URL=s3://bucket[/prefix]`.
+"""The S3 output store (docs/design.md, "The output key: read back before paying"): `FileStore`'s interface and
+semantics on any S3 API (AWS S3, Cloudflare R2, MinIO, moto), selected by `OUTPUT_STORE_URL=s3://bucket[/prefix]`.
 
 Writes are create-only by a conditional write, `PutObject` with `If-None-Match: *`: the server refuses
 it (412 PreconditionFailed, or 409 ConditionalRequestConflict while a concurrent write to the key is in

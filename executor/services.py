@@ -87,10 +87,11 @@ def output_describe(job, stored: StoredObject) -> dict:
 
 
 def output_check(job) -> dict | None:
-    """Head the output key before preparing inputs or calling a provider (DESIGN.md, section 4): this
-    job's finished output means success with no provider call; another job's is a conflict. The store
-    is the client's own, and the key was claimed by this job at create (jobs.services), so a conflict
-    here means an object left from before that claim: it names only a job of the same client."""
+    """Head the output key before preparing inputs or calling a provider
+    (docs/design.md, "The output key: read back before paying"): this job's finished output means success with
+    no provider call; another job's is a conflict. The store is the client's own, and the key was claimed by
+    this job at create (jobs.services), so a conflict here means an object left from before that claim: it
+    names only a job of the same client."""
     try:
         existing = store(job).head(job.output_key)
     except Exception as exc:  # noqa: BLE001 - every store error is a decided outcome, never a stuck job

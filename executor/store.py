@@ -1,4 +1,5 @@
-"""The output store: where finished media lands, tagged with the job that wrote it (DESIGN.md, section 4).
+"""The output store: where finished media lands, tagged with the job that wrote it
+(docs/design.md, "The output key: read back before paying").
 
 Writes are create-only, so two writers can never both land on one key; `head` tells a retry whether its
 own output is already there (then nothing is paid again) or another job's is (a conflict).
@@ -161,9 +162,10 @@ class FileStore:
 
 
 class ClientStore:
-    """One client's part of the store (DESIGN.md, section 4: keys belong to a client). Every key a client
-    names lives under `clients/<client id>/`, so no client can read, write, block or learn of another's
-    keys, whatever key it names; `StoredObject.key` is the key as the client named it."""
+    """One client's part of the store (docs/design.md, "The output key: read back before paying": keys
+    belong to a client). Every key a client names lives under `clients/<client id>/`, so no client can read,
+    write, block or learn of another's keys, whatever key it names; `StoredObject.key` is the key as the
+    client named it."""
 
     def __init__(self, store, client_id):
         self.store = store

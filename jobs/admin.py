@@ -1,4 +1,4 @@
-"""The operators' job views (DESIGN.md, section 10): the job list with every filter, the job page as one
+"""The operators' job views (docs/operating.md, "The admin"): the job list with every filter, the job page as one
 timeline, and cancel / retry / replay, alone or in bulk over every job the current filter matches, each
 through a confirmation with a count preview and a required reason, and an audit row (jobs.operations).
 

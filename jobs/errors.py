@@ -1,4 +1,5 @@
-"""Every API error is `{"error": {"code": "...", "message": "...", ...}}` with a stable code (API.md)."""
+"""Every API error is `{"error": {"code": "...", "message": "...", ...}}` with a stable code (docs/api.md,
+"Every error code")."""
 
 import logging
 

@@ -1,5 +1,5 @@
-"""GET /v1/jobs/{id}/events: the job's progress as server-sent events (API.md), served by the ASGI `web`
-process without a thread per stream.
+"""GET /v1/jobs/{id}/events: the job's progress as server-sent events, served by the ASGI `web` process
+without a thread per stream (docs/api.md, "Progress: GET /v1/jobs/{id}/events").
 
 The stream is an async generator: between reads it sleeps on the event loop, and each read (one
 statement: jobs.selectors.job_snapshot) borrows a thread of the executor only for that statement. It

@@ -55,7 +55,7 @@ class JobKind(models.TextChoices):
 
 
 class Job(models.Model):
-    """One key + one body = one job (DESIGN.md, section 1)."""
+    """One key + one body = one job (docs/design.md, "One key and one body are one job")."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="jobs")
@@ -81,16 +81,18 @@ class Job(models.Model):
     completed_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
     # The enqueue lease: a message sent for this job is expected to pick it up before then. Past it, with
-    # no live step lease and no step finished recently, the sweeper sends another (DESIGN.md, section 2).
+    # no live step lease and no step finished recently, the sweeper sends another
+    # (docs/design.md, "Recovery: the sweeper").
     lease_until = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
             # Two identical requests racing make one row: the loser's INSERT does nothing (jobs.services).
             models.UniqueConstraint(fields=["client", "idempotency_key"], name="job_client_idempotency_key"),
-            # An output key is claimed by its job when the job is created (DESIGN.md, section 4): a second
-            # job of the same client naming a held key is refused at submit, before anything is paid,
-            # instead of paying and then finding the key written (jobs.services turns the violation into
+            # An output key is claimed by its job when the job is created
+            # (docs/design.md, "The output key: read back before paying"): a second job of the same client naming a
+            # held key is refused at submit, before anything is paid, instead of paying and then finding the key
+            # written (jobs.services turns the violation into
             # OutputKeyConflict). Keys of different clients never meet: the store keeps them apart.
             models.UniqueConstraint(fields=["client", "output_key"], name="job_client_output_key"),
             models.CheckConstraint(condition=Q(run__gte=1), name="job_run_positive"),
@@ -133,7 +135,7 @@ class StepStatus(models.TextChoices):
 
 
 class Step(models.Model):
-    """A checkpoint: one named step of one run of a job (DESIGN.md, section 2).
+    """A checkpoint: one named step of one run of a job (docs/design.md, "How a job runs: durable steps").
 
     A `done` step is never run again: a second delivery returns `result`. A `running` step belongs to
     `lease_owner` until `lease_until`; the holder renews the lease while it works, and a step whose
@@ -163,7 +165,7 @@ class Step(models.Model):
 
 
 class Report(models.Model):
-    """A report job's durable record (DESIGN.md, section 7): what it was written from, what was written,
+    """A report job's durable record (docs/design.md, "Reports and orders"): what it was written from, what was written,
     and whether it was sealed and delivered. Its chapters outlive any one run, so a person's retry reuses
     every chapter an earlier run finished."""
 

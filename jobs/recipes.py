@@ -1,4 +1,4 @@
-"""Recipes: a job's kind names its ordered steps (DESIGN.md, section 2).
+"""Recipes: a job's kind names its ordered steps (docs/design.md, "How a job runs: durable steps").
 
 `media`: check the output key, mark running, submit | wait | store output, finish. Three stages, so
 three messages: steps that only touch the database or read run inline in one task, each still its own
@@ -6,7 +6,7 @@ three messages: steps that only touch the database or read run inline in one tas
 reserved with each attempt's intent: executor.attempts.)
 
 `report`: mark running, load the input, synthesis, the budget pre-flight | one step per chapter, in
-parallel | seal | deliver, finish (DESIGN.md, section 7).
+parallel | seal | deliver, finish (docs/design.md, "Reports and orders").
 """
 
 from datetime import timedelta

@@ -1,5 +1,5 @@
-"""State changes of reports (DESIGN.md, section 7): the report row and its chapters, the prompts chapters
-are written from, the signed link, and the delivery mail. Every write is conditional on the state it
+"""State changes of reports (docs/design.md, "Reports and orders"): the report row and its chapters, the prompts
+chapters are written from, the signed link, and the delivery mail. Every write is conditional on the state it
 expects: a chapter once done is never written again, a report once sealed stays sealed."""
 
 import hashlib

@@ -1,4 +1,5 @@
-"""The durable step runner: Celery moves the work, Postgres remembers it (DESIGN.md, section 2).
+"""The durable step runner: Celery moves the work, Postgres remembers it
+(docs/design.md, "How a job runs: durable steps").
 
 It runs a recipe's stages (jobs.workflow) on a job's `Step` rows (jobs.steps). Every step is safe to
 deliver twice:

@@ -351,7 +351,7 @@ def job_as_dict(job) -> dict:
 
 
 def report_chapters(job, attempts: list[dict]) -> list[dict]:
-    """A report's chapters in order, each with its attempts (every run's) and their cost (API.md)."""
+    """A report's chapters in order, each with its attempts (every run's) and their cost (docs/api.md, "A job")."""
     from jobs.models import ReportChapter
 
     by_step: dict[str, list[dict]] = {}
@@ -369,7 +369,7 @@ def report_chapters(job, attempts: list[dict]) -> list[dict]:
 
 
 class JobSerializer(serializers.Serializer):
-    """A job as the API and webhooks show it (API.md, "A job"): the schema of job_as_dict."""
+    """A job as the API and webhooks show it (docs/api.md, "A job"): the schema of job_as_dict."""
 
     id = serializers.UUIDField()
     kind = serializers.CharField()

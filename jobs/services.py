@@ -62,7 +62,7 @@ def _default_output_key(job_id: uuid.UUID, models: list[str]) -> str:
 
 
 def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job, bool]:
-    """One key + one body = one job (DESIGN.md, section 1). Returns (job, created).
+    """One key + one body = one job (docs/design.md, "One key and one body are one job"). Returns (job, created).
 
     1. INSERT ... ON CONFLICT DO NOTHING (the named constraint job_client_idempotency_key decides a
        replay), and in the same statement read the existing row when nothing was inserted.
@@ -207,7 +207,7 @@ RETURNING *, {attempts_json_sql("jobs_job.id")} AS attempt_rows,
 
 
 def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, error: dict | None = None) -> bool:
-    """End a job. The only function that does: first terminal state wins (DESIGN.md, "Job lifecycle").
+    """End a job. The only function that does: first terminal state wins (docs/design.md, "A job's life").
 
     One conditional UPDATE on the open states. The winner writes the terminal event's outbox row in
     the same transaction; a writer that gets zero rows back lost the race (a success, a failure and a
@@ -282,7 +282,7 @@ def job_retry(*, job: Job) -> Job | None:
 
 def _keep_uncertain_spend(job_id) -> None:
     """A person decided (a retry pays again; a cancel stops): attempts whose outcome nobody knows may have
-    been paid, so their reservations become spent, unpriced (DESIGN.md, section 6)."""
+    been paid, so their reservations become spent, unpriced (docs/design.md, "The cap: spent + reserved <= cap")."""
     from billing.services import keep_as_spent
     from executor.selectors import uncertain_upstream_keys
 

@@ -1,4 +1,4 @@
-"""The job API (API.md, "Jobs"). Views parse and validate, call one service, and render."""
+"""The job API (docs/api.md, "Every endpoint"). Views parse and validate, call one service, and render."""
 
 import json
 import math
@@ -35,8 +35,8 @@ from jobs.models import Job, JobKind, JobStatus, Report
 from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
 
-# 1 to 255 visible ASCII characters (DESIGN.md, section 1). The schema's form (ECMA anchors); the code
-# matches the whole string (\A...\Z: `$` would also match before a final newline).
+# 1 to 255 visible ASCII characters (docs/design.md, "One key and one body are one job"). The schema's form (ECMA
+# anchors); the code matches the whole string (\A...\Z: `$` would also match before a final newline).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 _IDEMPOTENCY_KEY = re.compile(r"\A[\x21-\x7e]{1,255}\Z")
 _JSON_CONTENT_TYPE = re.compile(r"\Aapplication/([a-z0-9.+-]+\+)?json\Z", re.IGNORECASE | re.ASCII)
@@ -137,7 +137,8 @@ class JobListCreateView(APIView):
             OpenApiParameter.HEADER, required=True,
             description="1 to 255 visible ASCII characters, sent once. The same key and body is the same job.",
         )],
-        # API.md's examples: what a client sends (and what the API fuzzing starts from to reach a real job).
+        # The examples of docs/api.md, "Create a job: POST /v1/jobs": what a client sends (and what the API fuzzing
+        # starts from to reach a real job).
         examples=[
             OpenApiExample("media", request_only=True, value={
                 "kind": "media", "models": ["sandbox/video-keyed", "sandbox/image-lookup"],

@@ -1,5 +1,5 @@
-"""The vocabulary of recipes (DESIGN.md, section 2): how a job's kind names its steps, and what running a
-stage can answer. jobs.recipes declares recipes in it; jobs.runner runs them; jobs.tasks turns the
+"""The vocabulary of recipes (docs/design.md, "How a job runs: durable steps"): how a job's kind names its steps, and
+what running a stage can answer. jobs.recipes declares recipes in it; jobs.runner runs them; jobs.tasks turns the
 answers into Celery actions.
 
 A recipe is a list of stages; a stage is one Celery task running one or more steps, each its own `Step`

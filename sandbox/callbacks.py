@@ -1,5 +1,5 @@
 """Callbacks: when a generation that named a `callback_url` ends, POST it there, the way Replicate's
-webhooks call back (API.md, "The sandbox provider").
+webhooks call back (docs/sandbox.md, "Callbacks").
 
 Signed per Standard Webhooks with SANDBOX_CALLBACK_SECRET. `webhook-id` is the generation's id and the
 state it reports (`gen_000001.succeeded`): every try of one callback carries the same id, as Standard

@@ -116,9 +116,9 @@ def generation_view(state: State, gen: dict, base_url: str) -> dict:
         "metadata": gen["metadata"],
         "created_at": iso(gen["created_at"]),
         "completed_at": iso(completed_at) if completed_at is not None else None,
-        # How long the render is expected to take from created_at: a poller's first look (DESIGN.md 9).
-        # `params.expected_s` makes the sandbox say another figure (null: none), for tests of a render
-        # that finishes early, late, or without a word.
+        # How long the render is expected to take from created_at: a poller's first look
+        # (docs/design.md, "Waiting costs little"). `params.expected_s` makes the sandbox say another figure
+        # (null: none), for tests of a render that finishes early, late, or without a word.
         "expected_s": gen["params"].get("expected_s", gen["render_s"]),
         "cost_usd": gen["cost_usd"],
         "output": output,

@@ -1,5 +1,5 @@
-"""Waiting costs little (DESIGN.md, section 9): polls on a back-off schedule, and provider callbacks that
-wake the waiting step at once, verified, idempotent, and only a doorbell.
+"""Waiting costs little (docs/design.md, "Waiting costs little"): polls on a back-off schedule, and provider callbacks
+that wake the waiting step at once, verified, idempotent, and only a doorbell.
 
 Real processes: the `web` process (it takes the callbacks), a `worker`, and the sandbox, which calls back
 the way Replicate's webhooks do. `params.expected_s` makes the sandbox announce a duration other than the

@@ -1,4 +1,5 @@
-"""POST/GET /v1/jobs against real PostgreSQL: every row of DESIGN.md section 1, bad input, isolation."""
+"""POST/GET /v1/jobs against real PostgreSQL: every row of the table in docs/design.md,
+"One key and one body are one job"; bad input; isolation."""
 
 import json
 
@@ -7,7 +8,7 @@ import pytest
 from jobs.models import Job
 from tests.conftest import media_body
 
-# --- DESIGN.md section 1, one test per row ---------------------------------------------------------------
+# --- docs/design.md, "One key and one body are one job": one test per row ------------------------------
 
 
 def test_new_key_is_201_with_the_job(api, django_capture_on_commit_callbacks):

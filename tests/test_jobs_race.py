@@ -1,4 +1,5 @@
-"""Identical requests racing against a live server: one row, one 201 (DESIGN.md, section 1)."""
+"""Identical requests racing against a live server: one row, one 201
+(docs/design.md, "One key and one body are one job")."""
 
 import threading
 

@@ -1,4 +1,4 @@
-"""executor.policy as a table: every row of DESIGN.md's attempt-runner table, the back-off, the windows."""
+"""executor.policy as a table: every row of docs/design.md, "The attempt runner", the back-off, the windows."""
 
 import pytest
 

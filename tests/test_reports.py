@@ -1,5 +1,5 @@
-"""Reports and orders (DESIGN.md, section 7) on real processes: the worker as the Procfile starts it, the
-sandbox's LLM endpoint, and a real SMTP server process. Nothing paid for is paid again."""
+"""Reports and orders (docs/design.md, "Reports and orders") on real processes: the worker as the Procfile starts it,
+the sandbox's LLM endpoint, and a real SMTP server process. Nothing paid for is paid again."""
 
 import re
 import time

@@ -1,5 +1,6 @@
-"""The output stores (DESIGN.md, section 4): FileStore and S3Store hold the same contract, proven by the
-same tests on both. S3Store talks HTTP to moto's standalone server, a real process (tests/support)."""
+"""The output stores (docs/design.md, "The output key: read back before paying"): FileStore and S3Store hold the same
+contract, proven by the same tests on both. S3Store talks HTTP to moto's standalone server, a real process
+(tests/support)."""
 
 import threading
 import uuid

@@ -1,6 +1,7 @@
 """Tenant isolation through the real `web` process: two clients, alice and bob, on one stack. No client
 reads, writes, squats or learns of another's outputs or jobs, whatever key or id it names; every refusal
-is a clear 4xx before any row or charge (DESIGN.md, sections 1 and 4)."""
+is a clear 4xx before any row or charge (docs/design.md, "One key and one body are one job" and
+"The output key: read back before paying")."""
 
 import uuid
 

@@ -44,7 +44,8 @@ class DeliveryStatus(models.TextChoices):
 
 class Delivery(models.Model):
     """The transactional outbox: one row per event, written in the same transaction as the state change
-    it reports, so an event exists if and only if the state changed (DESIGN.md, section 5).
+    it reports, so an event exists if and only if the state changed
+    (docs/design.md, "Webhooks: at least once, never blocking paid work").
 
     The id `{job_id}:{run}:{event}` is the `webhook-id` of every try; inserting it again does nothing.
     `envelope` keeps the exact bytes that are signed and sent, on every try and every replay.

@@ -1,6 +1,6 @@
 """State changes of the webhooks app: endpoints and their secrets, the delivery outbox, and each try.
 
-At least once, never blocking paid work (DESIGN.md, section 5):
+At least once, never blocking paid work (docs/design.md, "Webhooks: at least once, never blocking paid work"):
 1. A state change writes its `Delivery` row in its own transaction; the first try is enqueued when that
    transaction commits.
 2. A try is claimed by a conditional update of the row's `next_attempt_at` (its lease): only the message
@@ -369,7 +369,7 @@ def _again_or_dead(delivery: Delivery, *, status, error: str, retry_after: float
     if retry_after is not None:
         delay = min(max(retry_after, RETRY_AFTER_BOUNDS_S[0]), RETRY_AFTER_BOUNDS_S[1])
     else:
-        delay = jittered(schedule[position - 1], 1.0, 1.2)  # up to 20% later (API.md)
+        delay = jittered(schedule[position - 1], 1.0, 1.2)  # up to 20% later (docs/api.md, "Webhooks")
     _mine(delivery).update(next_attempt_at=timezone.now() + timedelta(seconds=delay), last_status_code=status,
                            last_error=error[:2000])
     return "retry"

@@ -1,5 +1,6 @@
 # The provider's expected duration (the first poll waits for it) and the index a provider's callback is
-# found by (DESIGN.md, section 9). The index is built concurrently: attempts keep being written meanwhile.
+# found by (docs/design.md, "Waiting costs little"). The index is built concurrently: attempts keep being written
+# meanwhile.
 
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models

@@ -1,7 +1,7 @@
 """The provider port: what an adapter can do (capabilities), what it answers, and how it fails.
 
 Two kinds of adapter sit behind it: media providers (async renders: submit, poll, fetch) and text
-providers (LLM calls: complete). Error classes (DESIGN.md, section 3) are carried on the exception, so
+providers (LLM calls: complete). Error classes (docs/design.md, "The attempt runner") are carried on the exception, so
 retry policy is decided in one place (executor.attempts), never by scattered try/except blocks.
 """
 
@@ -27,7 +27,7 @@ class Capabilities:
     resubmit_uncertain: bool = False
     # The 5xx (and 408) answers the provider documents as "not accepted, not charged". Any other 4xx is
     # a refusal before acceptance whatever the provider says; a 5xx not named here may have been
-    # accepted, so it is an unknown outcome (DESIGN.md, section 3: three kinds of failure).
+    # accepted, so it is an unknown outcome (docs/design.md, "Three kinds of failure").
     unpaid_statuses: frozenset = frozenset()
     # How long a keyed provider remembers an idempotency key, in seconds (None: for ever). Within it a
     # resend is free and settles every unknown outcome; past it a resend may make (and bill) new work.
@@ -66,7 +66,8 @@ class ProviderError(Exception):
 
     `outcome_unknown` is True when the provider may have accepted (and charged for) the call: a
     transport error, a timeout or a 5xx on a submit. Such a call must be resolved by capability (same
-    key, lookup, or a person) before anything else is paid for (DESIGN.md, the recovery table).
+    key, lookup, or a person) before anything else is paid for
+    (docs/design.md, "Intent before spend, and the recovery table").
     `never_sent` is True when no byte of the request left (the connection was refused, or never
     made): nothing can have been accepted, so the outcome is known, not paid, and it is no answer either.
     `message` keeps the provider's own words.

@@ -1,5 +1,5 @@
-"""Whether the real provider adapters spend real money (DESIGN.md, section 6), and the one door through
-which they reach the network or, with REAL_PROVIDERS off, its recording.
+"""Whether the real provider adapters spend real money (docs/design.md, "Real money is opt-in"), and the one door
+through which they reach the network or, with REAL_PROVIDERS off, its recording.
 
 Spending is opt-in: with REAL_PROVIDERS off, `anthropic`, `openai` and `replicate` answer from recorded
 fixtures (executor.providers.replay) and never open a socket. With it on, each needs its key, and a
@@ -19,7 +19,7 @@ KEY_SETTINGS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "r
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 # An LLM answers nothing until its whole text is written (no streaming here): a long chapter takes a minute
 # or two, far past PROVIDER_READ_TIMEOUT_S. Cutting it short would be an unknown outcome that is paid for
-# and then resubmitted, so text calls wait up to 120 s (DESIGN.md, section 7).
+# and then resubmitted, so text calls wait up to 120 s (docs/design.md, "Reports and orders").
 
 
 def real_providers_on() -> bool:

@@ -1,6 +1,6 @@
-"""Recorded answers for the real providers, with no network (DESIGN.md, section 6: spending real money is
-opt-in). With REAL_PROVIDERS off a job may still name `anthropic/...`, `openai/...` and `replicate/...`
-models; their adapters then reach this module instead of the provider.
+"""Recorded answers for the real providers, with no network (docs/design.md, "Real money is opt-in"). With
+REAL_PROVIDERS off a job may still name `anthropic/...`, `openai/...` and `replicate/...` models; their adapters
+then reach this module instead of the provider.
 
 `ReplayAdapter` is a requests transport adapter that answers from the recorded wire formats in
 `fixtures/` (see fixtures/README.md): the same status codes, headers and JSON bodies the providers send,

@@ -98,7 +98,8 @@ class ReplicateProvider(real.RealAdapter):
         body = {"input": prediction_input(prompt, params, inputs)}
         webhook = callbacks.callback_url(self.name)
         if webhook:
-            # A doorbell when the prediction ends (DESIGN.md, section 9); polling stays the fallback.
+            # A doorbell when the prediction ends (docs/design.md, "Callbacks are a doorbell"); polling stays the
+            # fallback.
             body.update(webhook=webhook, webhook_events_filter=["completed"])
         if version:
             body["version"] = version

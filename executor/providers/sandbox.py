@@ -1,4 +1,4 @@
-"""Adapter for the sandbox provider (API.md, "The sandbox provider"), over HTTP with requests."""
+"""Adapter for the sandbox provider (docs/sandbox.md, "Endpoints"), over HTTP with requests."""
 
 from django.conf import settings
 
@@ -59,7 +59,8 @@ class SandboxProvider:
         body = {"model": model, "request_id": upstream_key, "prompt": prompt, "params": params, "metadata": metadata}
         callback_url = callbacks.callback_url(self.name)
         if callback_url:
-            body["callback_url"] = callback_url  # a doorbell: polling stays the fallback (DESIGN.md, 9)
+            # A doorbell: polling stays the fallback (docs/design.md, "Callbacks are a doorbell").
+            body["callback_url"] = callback_url
         return self._submission(http.json_answer(self._call("POST", "/v1/generations", json=body)))
 
     def poll(self, model: str, upstream_id: str) -> PollResult:

@@ -1,4 +1,5 @@
-"""Output keys are claimed by their job at create: unique per client (DESIGN.md, section 4).
+"""Output keys are claimed by their job at create: unique per client
+(docs/design.md, "The output key: read back before paying").
 
 Before this, two jobs of one client could name one key (the second failed OUTPUT_KEY_CONFLICT after
 paying). Such rows may exist in a database made by an earlier build: every job but the earliest of each

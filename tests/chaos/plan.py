@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 CLIENTS = ("alpha", "beta", "capped")  # the third one's cap binds (storm.CAPS)
 
-# Every sandbox fault action (API.md), and where each applies. `on` picks the call; the sandbox refuses a
-# combination it does not model (fail_render and drop_callback are submit-only and media-only, empty is
+# Every sandbox fault action (docs/sandbox.md, "Faults"), and where each applies. `on` picks the call; the sandbox
+# refuses a combination it does not model (fail_render and drop_callback are submit-only and media-only, empty is
 # LLM-only), so the plan never draws one.
 MEDIA = ("video-keyed", "image-lookup", "image-blind")
 ERRORS = ("status_400", "status_401", "status_422", "status_429", "status_500", "status_503")

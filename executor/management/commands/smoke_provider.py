@@ -1,6 +1,6 @@
-"""One real, paid LLM call to check a provider's key and wiring (DESIGN.md, section 6: real money is
-opt-in). One attempt, no retry; refuses without --i-will-spend-money, with REAL_PROVIDERS off, or with
-no key for the provider."""
+"""One real, paid LLM call to check a provider's key and wiring (docs/design.md, "Real money is opt-in").
+One attempt, no retry; refuses without --i-will-spend-money, with REAL_PROVIDERS off, or with no key for the
+provider."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Remove reports' personal input after the retention period (DESIGN.md, section 7)."""
+"""Remove reports' personal input after the retention period (docs/design.md, "Personal data")."""
 
 import json
 import re
