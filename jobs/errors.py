@@ -88,6 +88,14 @@ class JobNotRetryable(ApiError):
     code = "JOB_NOT_RETRYABLE"
 
 
+class JobNotSucceeded(ApiError):
+    """GET /v1/jobs/{id}/output of a job of the client's own that has no output (yet): a conflict with
+    the job's state, which the error names, not a missing job."""
+
+    status_code = status.HTTP_409_CONFLICT
+    code = "JOB_NOT_SUCCEEDED"
+
+
 class PayloadTooLarge(ApiError):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     code = "PAYLOAD_TOO_LARGE"

@@ -87,9 +87,48 @@ EVENTS_OPERATION = {
 }
 
 
+_CALLBACK_ANSWER = {"application/json": {"schema": {
+    "type": "object", "required": ["status"],
+    "properties": {"status": {"type": "string", "enum": ["rung", "ended", "duplicate"]}}}}}
+CALLBACK_OPERATION = {
+    "operationId": "provider_callback",
+    "description": (
+        "For providers, not clients: a completion callback signed with Standard Webhooks (the provider's "
+        "callback secret). It only wakes the step waiting on that generation, which then asks the provider; "
+        "each webhook-id is acted on once; a bad signature or an old timestamp is refused and changes nothing."),
+    "parameters": [
+        {"in": "path", "name": "provider", "required": True,
+         "schema": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
+         "description": "The provider whose callback this is (`sandbox`, `replicate`)."},
+        *({"in": "header", "name": name, "required": False, "schema": {"type": "string"}}
+          for name in ("webhook-id", "webhook-timestamp", "webhook-signature")),
+    ],
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}},
+    "tags": ["callbacks"],
+    "security": [],
+    "responses": {
+        "200": {"description": "ended (nothing waits on that generation any more) or duplicate (that "
+                               "webhook-id was taken already)", "content": _CALLBACK_ANSWER},
+        "202": {"description": "rung: the waiting step was woken", "content": _CALLBACK_ANSWER},
+        "400": {"description": "CALLBACK_UNVERIFIED: the signature or timestamp does not verify",
+                "content": _ERROR_REF},
+        "404": {"description": "CALLBACK_NOT_CONFIGURED (no callbacks taken from that provider) or "
+                               "CALLBACK_UNKNOWN_GENERATION", "content": _ERROR_REF},
+        "409": {"description": "CALLBACK_EARLY: the job is not waiting on that generation yet; send it again",
+                "content": _ERROR_REF},
+        "413": {"description": "PAYLOAD_TOO_LARGE", "content": _ERROR_REF},
+        "422": {"description": "INVALID_REQUEST: the callback names no generation", "content": _ERROR_REF},
+    },
+}
+
+
 def event_stream_path(result, generator, request, public):
-    """drf-spectacular postprocessing hook: GET /v1/jobs/{job_id}/events (jobs.events)."""
-    result.setdefault("paths", {})["/v1/jobs/{job_id}/events"] = {"get": EVENTS_OPERATION}
+    """drf-spectacular postprocessing hook: the two routes that are plain Django views, so drf-spectacular
+    does not see them: GET /v1/jobs/{job_id}/events (jobs.events) and POST /v1/callbacks/{provider}
+    (executor.views)."""
+    paths = result.setdefault("paths", {})
+    paths["/v1/jobs/{job_id}/events"] = {"get": EVENTS_OPERATION}
+    paths["/v1/callbacks/{provider}"] = {"post": CALLBACK_OPERATION}
     return result
 
 

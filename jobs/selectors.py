@@ -54,10 +54,6 @@ def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwar
     return list(jobs[:limit])
 
 
-def own_succeeded_job(*, client_id, job_id) -> Job | None:
-    return Job.objects.filter(client_id=client_id, id=job_id, status=JobStatus.SUCCEEDED).first()
-
-
 # --- the operators' job list (jobs.admin) ----------------------------------------------------------------
 
 # The models named in the newest jobs' chains: read along job_created, so it costs the same over any size of

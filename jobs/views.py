@@ -24,6 +24,7 @@ from jobs.errors import (
     IdempotencyKeyMissing,
     InvalidRequest,
     JobNotRetryable,
+    JobNotSucceeded,
     JobTerminal,
     NotAReport,
     PayloadTooLarge,
@@ -231,17 +232,18 @@ class JobOutputView(APIView):
             **{(200, content_type): OpenApiTypes.BINARY for content_type in OUTPUT_CONTENT_TYPES},
             302: OpenApiResponse(description="S3 store: a presigned URL of the object, valid for an hour."),
             303: OpenApiResponse(description="A report: its text is at GET /v1/jobs/{job_id}/report."),
+            409: OpenApiResponse(_ERROR, description="JOB_NOT_SUCCEEDED: the job has no output (yet)."),
             401: _ERROR, 404: _ERROR, 503: _ERROR,
         },
     )
     def get(self, request, job_id):
-        job = selectors.own_succeeded_job(client_id=request.user.id, job_id=job_id)
-        if job is None or not job.output:
-            raise NotFound("Not found.")
+        job = _own_job(request, job_id)  # another client's job, or none, is 404
         if job.kind == JobKind.REPORT:
             # A report's output is its sealed chapters, not an object in the store (its `output` names a
             # link and a delivery, no store key): See Other, the endpoint that answers it.
             return Response(status=303, headers={"Location": reverse("job-report", args=[job.id])})
+        if job.status != JobStatus.SUCCEEDED or not (job.output or {}).get("key"):
+            raise JobNotSucceeded(f"This job has no output: it is {job.status}.", status=job.status)
         store = client_store(request.user.id)  # the client's own keys only, whatever the row says
         url = store.presigned_url(job.output["key"])
         if url:

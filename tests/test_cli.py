@@ -204,10 +204,16 @@ def test_watch_on_a_terminal_draws_a_live_bar(api):
     assert b"\x1b[" in seen and "━".encode() in seen  # cursor and colour codes, and the bar itself
 
 
+def ctrl_c_as_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_watching_and_leaves_the_job_alone(api):
     job = a_job(api.client_id, JobStatus.QUEUED)  # no worker: it stays queued
+    # SIGINT as a terminal leaves it: a suite started in the background (`.ci/run &`) ignores SIGINT, a
+    # child inherits that, and Python then installs no KeyboardInterrupt handler at all.
     proc = subprocess.Popen([sys.executable, "manage.py", "watch", str(job.id)], cwd=REPO_ROOT, env=process_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_a_terminal)
     first = proc.stdout.readline()  # one line per change: the first snapshot
     assert "queued" in first
     proc.send_signal(signal.SIGINT)

@@ -22,6 +22,7 @@ import requests
 from psycopg import sql
 
 from tests.support.procs import REPO_ROOT
+from tests.test_cli import ctrl_c_as_a_terminal
 from tests.support.sandbox import free_port
 from tests.test_reports import report_body
 
@@ -117,7 +118,8 @@ def test_make_install_then_make_run_serve_the_demo_for_a_user_who_is_not_root(cl
     assert subprocess.run([str(clone / ".venv/bin/python"), "-c", "import playwright"], capture_output=True).returncode != 0
 
     run = subprocess.Popen(as_user(["make", "run"]), cwd=clone, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                           preexec_fn=ctrl_c_as_a_terminal)  # Ctrl-C reaches it even from a suite run in the background
     output = Output(run)
     try:
         up = output.wait_for(lambda line: line == UP, timeout=180)

@@ -123,6 +123,23 @@ def test_a_succeeded_reports_output_is_a_303_to_its_report_for_the_api_and_its_t
     assert shown.text == followed.text
 
 
+def test_the_output_of_a_job_with_none_yet_is_409_job_not_succeeded_and_the_callbacks_are_in_the_schema(web_stack):
+    api = HttpApi(web_stack.url, client_create(name="impatient"))
+    job_id = api.create({"kind": "media", "models": ["sandbox/video-keyed"],
+                         "input": {"prompt": "not yet", "render_s": 0}}, key="not-yet").json()["id"]  # no worker: queued
+    answer = api.http.get(f"{web_stack.url}/v1/jobs/{job_id}/output", headers=api.headers(), timeout=10)
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["code"] == "JOB_NOT_SUCCEEDED" and answer.json()["error"]["status"] == "queued"
+    other = HttpApi(web_stack.url, client_create(name="nosy"))
+    assert other.http.get(f"{web_stack.url}/v1/jobs/{job_id}/output", headers=other.headers(), timeout=10).status_code == 404
+
+    document = requests.get(f"{web_stack.url}/v1/schema", headers={"Accept": "application/vnd.oai.openapi+json"},
+                            timeout=30).json()
+    callback = document["paths"]["/v1/callbacks/{provider}"]["post"]
+    assert callback["security"] == [] and {"200", "202", "400", "404", "409", "422"} <= set(callback["responses"])
+    assert "409" in document["paths"]["/v1/jobs/{job_id}/output"]["get"]["responses"]
+
+
 def assert_strict_report_page_headers(headers, text: str) -> None:
     """The report page's headers (the browser test checks them on a sealed report's page)."""
     headers = {name.lower(): value for name, value in headers.items()}
