@@ -78,6 +78,17 @@ class RunAttempts:
     cost_usd: Decimal
     unpriced: int
 
+    @classmethod
+    def none(cls, run: int) -> "RunAttempts":
+        """A run that made no attempt."""
+        return cls(run, 0, 0, 0, Decimal(0).quantize(_SIX), 0)
+
+    @classmethod
+    def total(cls, runs: list["RunAttempts"], run: int) -> "RunAttempts":
+        """The sums over `runs`, under `run` (the number of runs)."""
+        return cls(run, sum(r.attempts for r in runs), sum(r.paid for r in runs), sum(r.paid_unknown for r in runs),
+                   sum((r.cost_usd for r in runs), Decimal(0).quantize(_SIX)), sum(r.unpriced for r in runs))
+
 
 _BY_RUN_SQL = f"""
 SELECT a.run, count(*), count(*) FILTER (WHERE ({PAID_SQL}) = 'yes'), count(*) FILTER (WHERE ({PAID_SQL}) = 'unknown'),

@@ -5,16 +5,15 @@ output, and its deliveries with each try, in time order, grouped by run. Read on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from decimal import Decimal
 
 from django.db.models import Count
 from django.utils import timezone
 
 from billing.models import Order, Reservation
 from executor.models import Attempt
-from executor.selectors import attempts_by_run
+from executor.selectors import RunAttempts, attempts_by_run
 from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter, Step, StepStatus
 from jobs.reports import report_link
 from webhooks.models import Delivery, DeliveryAttempt
@@ -178,15 +177,9 @@ RUN_LINES = 10
 
 
 @dataclass(frozen=True)
-class RunLine:
+class RunLine(RunAttempts):
     """One run: its attempts, how many were paid (and of unknown outcome), what they cost, how it ended."""
 
-    run: int
-    attempts: int
-    paid: int
-    paid_unknown: int
-    cost_usd: Decimal
-    unpriced: int
     outcome: str
     state: str  # a css class, as Entry.state
 
@@ -219,13 +212,8 @@ def job_summary(job: Job) -> Summary:
             outcome, state = (f"{job.status}: {code}" if code else job.status), _STATE.get(job.status, "info")
         else:
             outcome, state = (f"ended {codes[run]}; retried" if codes.get(run) else "ended; retried"), "bad"
-        got = sums.get(run)
-        lines.append(RunLine(run, got.attempts if got else 0, got.paid if got else 0, got.paid_unknown if got else 0,
-                             got.cost_usd if got else Decimal("0.000000"), got.unpriced if got else 0, outcome, state))
-    total = RunLine(job.run, sum(line.attempts for line in lines), sum(line.paid for line in lines),
-                    sum(line.paid_unknown for line in lines),
-                    sum((line.cost_usd for line in lines), Decimal("0.000000")),
-                    sum(line.unpriced for line in lines), lines[-1].outcome, lines[-1].state)
+        lines.append(RunLine(**asdict(sums.get(run) or RunAttempts.none(run)), outcome=outcome, state=state))
+    total = RunLine(**asdict(RunAttempts.total(lines, job.run)), outcome=lines[-1].outcome, state=lines[-1].state)
     webhooks = list(Delivery.objects.filter(job_id=job.id).order_by("status").values("status")
                     .annotate(n=Count("id")).values_list("status", "n"))
     return Summary(lines, total, webhooks)
