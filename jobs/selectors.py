@@ -37,6 +37,12 @@ def own_job(*, client_id, job_id) -> Job | None:
     return next(iter(Job.objects.raw(_OWN_JOB_SQL, [job_id, client_id])), None)
 
 
+def own_job_output(*, client_id, job_id) -> Job | None:
+    """What GET /v1/jobs/{id}/output needs of the client's job (its kind, status and output), without the
+    attempts own_job brings; another client's job is None."""
+    return Job.objects.filter(client_id=client_id, id=job_id).only("kind", "status", "output").first()
+
+
 def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwards: bool, limit: int) -> list[Job]:
     """A client's jobs by (created_at, id): newest first, older than `after` (a position); or, going
     `backwards`, newer than `after`, nearest first. On the index job_client_created."""

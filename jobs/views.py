@@ -237,7 +237,9 @@ class JobOutputView(APIView):
         },
     )
     def get(self, request, job_id):
-        job = _own_job(request, job_id)  # another client's job, or none, is 404
+        job = selectors.own_job_output(client_id=request.user.id, job_id=job_id)
+        if job is None:  # another client's job, or none
+            raise NotFound("Not found.")
         if job.kind == JobKind.REPORT:
             # A report's output is its sealed chapters, not an object in the store (its `output` names a
             # link and a delivery, no store key): See Other, the endpoint that answers it.
