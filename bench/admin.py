@@ -34,7 +34,7 @@ from bench.figures import record  # noqa: E402
 from bench.stack import Stack  # noqa: E402
 
 # Every page timed, with its query parameters: the one place to change when an admin URL or a filter's
-# parameter is renamed (the names below are jobs.admin's, webhooks.admin's and billing.admin's). `{...}` are
+# parameter is renamed (the names below are operators.admin.jobs's, operators.admin.webhooks's and operators.admin.billing's). `{...}` are
 # filled from the data set (dataset_samples). `kind`: "list" and "job" pages are held to the issue's 500 ms;
 # "other" ones are timed, recorded and held to the same mark; "extra" ones are only printed.
 PAGES = {
@@ -55,12 +55,12 @@ PAGES = {
     "spend, the largest client": {"kind": "other", "path": "/admin/billing/spend/",
                                   "params": {"client": "{client}"}},
     "dead letters": {"kind": "other", "path": "/admin/webhooks/deadletter/", "params": {}},
-    # A bulk action's confirmation over every job the list's filter matches (jobs.admin.JobAdmin.bulk_view).
+    # A bulk action's confirmation over every job the list's filter matches (operators.admin.jobs.JobAdmin.bulk_view).
     "bulk preview: retry every failed job": {"kind": "other", "path": "/admin/jobs/job/bulk/retry/",
                                              "params": {"status__exact": "failed"}},
     "bulk preview: replay a month": {"kind": "other", "path": "/admin/jobs/job/bulk/replay/",
                                      "params": {"month": "{month}"}},
-    # Every entry of the heavy job's timeline, not only the newest (jobs.timeline.SHOWN): asked for by hand.
+    # Every entry of the heavy job's timeline, not only the newest (operators.timeline.SHOWN): asked for by hand.
     "heavy job page, every entry": {"kind": "extra", "path": "/admin/jobs/job/{heavy}/change/", "params": {"all": "1"}},
 }
 
@@ -463,18 +463,18 @@ WITH o AS (
     SELECT p.*, row_number() OVER (ORDER BY p.rn) AS k FROM plan p
      WHERE p.kind = 'report' AND p.client_n = 1 AND p.status IN ('succeeded', 'failed') ORDER BY p.rn LIMIT 24
 )
-INSERT INTO billing_order (id, client_id, payment_id, run_id, product, input, email, request_hash, status, job_id,
+INSERT INTO orders_order (id, client_id, payment_id, run_id, product, input, email, request_hash, status, job_id,
                            duplicate_of_id, mailed_at, created_at)
 SELECT gen_random_uuid(), client_id, format('pi_bench_%%s', rn), format('run-%%s', rn),
        CASE WHEN k %% 3 = 0 THEN 'compatibility' ELSE 'full-report' END,
        jsonb_build_object('name', format('reader %%s', rn)), format('reader%%s@example.com', rn), md5(rn::text) || md5(id::text),
        'paid', id, NULL, NULL, created_at - interval '1 second'
   FROM o;
-INSERT INTO billing_order (id, client_id, payment_id, run_id, product, input, email, request_hash, status, job_id,
+INSERT INTO orders_order (id, client_id, payment_id, run_id, product, input, email, request_hash, status, job_id,
                            duplicate_of_id, mailed_at, created_at)
 SELECT gen_random_uuid(), o.client_id, o.payment_id || '_again', o.run_id, o.product, o.input, o.email, o.request_hash,
        'duplicate', NULL, o.id, o.created_at + interval '1 minute', o.created_at + interval '1 minute'
-  FROM (SELECT * FROM billing_order ORDER BY created_at DESC LIMIT 2) o;
+  FROM (SELECT * FROM orders_order ORDER BY created_at DESC LIMIT 2) o;
 """),
 ]
 
@@ -503,7 +503,7 @@ def load(database_url: str) -> tuple[float, dict]:
         print(f"  {'VACUUM ANALYZE':<36} {time.monotonic() - step:6.1f} s", flush=True)
         counts = {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in (
             "jobs_job", "executor_attempt", "jobs_step", "billing_reservation", "billing_budgetmonth",
-            "webhooks_delivery", "webhooks_deliveryattempt", "billing_order", "jobs_reportchapter")}
+            "webhooks_delivery", "webhooks_deliveryattempt", "orders_order", "jobs_reportchapter")}
         samples = dataset_samples(conn)
     return time.monotonic() - started, {"counts": counts, "samples": samples}
 
@@ -573,7 +573,7 @@ def dataset(database_url: str, rebuild: bool, stack: Stack) -> dict:
 
 def baseline_urlconf() -> str:
     """A URLconf with the project's URLs and, under /baseline/, an AdminSite with Django's stock
-    ModelAdmin for jobs: the same columns, filters and search fields as jobs.admin, stock inlines."""
+    ModelAdmin for jobs: the same columns, filters and search fields as operators.admin.jobs, stock inlines."""
     import types
 
     from django.contrib import admin

@@ -35,6 +35,7 @@ def child(phase: str, start_at: float, seconds: float, client_id: str, job_id: s
     from django.db import connection
 
     from billing import services
+    from jobs.models import Job
 
     amount = Decimal("0.000001")
     done = 0
@@ -48,7 +49,7 @@ def child(phase: str, start_at: float, seconds: float, client_id: str, job_id: s
             else:
                 key = f"bench-{os.getpid()}-{done}"
                 if not services.reserve(client_id=client_id, job_id=job_id, key=key, model="sandbox/llm",
-                                        amount=amount):
+                                        amount=amount, guard=Job.NOT_CANCELLED_SQL):  # as an attempt's intent
                     raise SystemExit("refused: the bench cap is too small")
                 services.settle(key=key, cost=amount)
             done += 1

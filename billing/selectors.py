@@ -7,9 +7,8 @@ from typing import NamedTuple
 from django.conf import settings
 from django.db import connection
 
-from billing.models import BudgetMonth, OrderStatus, ReservationKind, ReservationState
-from billing.services import next_month
-from executor.models import AttemptState
+from billing.models import BudgetMonth, ReservationKind, ReservationState
+from billing.months import next_month
 
 SIX = Decimal("0.000001")
 
@@ -22,17 +21,19 @@ def cap_of(client) -> Decimal:
     return client.monthly_cap_usd if client.monthly_cap_usd is not None else settings.BUDGET_MONTHLY_CAP_USD
 
 
+# An attempt nobody could price, as a month counts it (GET /v1/spend, the admin, /metrics): its reservation
+# was settled at its whole amount with no cost known, or is held for an attempt whose outcome nobody knows
+# (Reservation.unpriced says both).
+UNPRICED_ATTEMPT_SQL = f"r.kind = '{ReservationKind.ATTEMPT}' AND r.unpriced"
+
 # Per model: what its settled attempts cost (an unpriced one counts at the whole reservation it kept),
-# how many attempts reserved, and how many of those nobody could price: settled unpriced, or held for
-# an attempt whose outcome is unknown.
+# how many attempts reserved, and how many of those nobody could price.
 _BY_MODEL_SQL = f"""
 SELECT r.model,
        coalesce(sum(r.spent) FILTER (WHERE r.state = '{ReservationState.SETTLED}'), 0),
        count(*),
-       count(*) FILTER (WHERE (r.state = '{ReservationState.SETTLED}' AND r.unpriced)
-                           OR (r.state = '{ReservationState.HELD}' AND a.state = '{AttemptState.UNCERTAIN}'))
+       count(*) FILTER (WHERE {UNPRICED_ATTEMPT_SQL})
   FROM billing_reservation r
-  LEFT JOIN executor_attempt a ON a.upstream_key = r.key
  WHERE r.budget_id = %s AND r.kind = '{ReservationKind.ATTEMPT}'
  GROUP BY r.model ORDER BY r.model
 """
@@ -97,17 +98,12 @@ SELECT m.id, m.month, m.spent + coalesce(u.spent, 0), m.reserved - coalesce(u.am
 """
 
 # ... and month_spend's count of attempts nobody could price, for all those months in one scan of their
-# reservations (not one scan per month). A reservation held for an uncertain attempt finds it through its
-# own job's index (attempt_job_number): its key is that job's upstream key, payonce-{job}-{n}.
+# reservations (not one scan per month).
 _UNPRICED_CTE = f""",
 unpriced AS (
     SELECT r.budget_id, count(*) AS attempts
       FROM billing_reservation r
-     WHERE r.budget_id IN (SELECT id FROM months) AND r.kind = '{ReservationKind.ATTEMPT}'
-       AND ((r.state = '{ReservationState.SETTLED}' AND r.unpriced)
-            OR (r.state = '{ReservationState.HELD}' AND EXISTS (
-                SELECT 1 FROM executor_attempt a
-                 WHERE a.job_id = r.job_id AND a.upstream_key = r.key AND a.state = '{AttemptState.UNCERTAIN}')))
+     WHERE r.budget_id IN (SELECT id FROM months) AND {UNPRICED_ATTEMPT_SQL}
      GROUP BY r.budget_id)"""
 
 
@@ -177,50 +173,3 @@ def spend_by_month(last: date, *, count: int = 12, client_id=None) -> list[tuple
     for figures in budget_totals(months=(months[0], last), client_id=client_id, unpriced=False).values():
         spent[figures.month] += figures.spent
     return list(spent.items())
-
-
-# A job's attempts that may have been paid and that nobody could price: what public_attempts counts as
-# unpriced (executor.selectors).
-_UNPRICED_ATTEMPT = (f"a.cost_usd IS NULL AND (a.accepted_at IS NOT NULL"
-                     f" OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))")
-
-_BY_PRODUCT_SQL = f"""
-SELECT o.product, count(*), count(*) FILTER (WHERE o.status = '{OrderStatus.PAID}'),
-       count(*) FILTER (WHERE o.status = '{OrderStatus.DUPLICATE}'),
-       coalesce(sum(cost.total), 0), coalesce(sum(cost.unpriced), 0)
-  FROM billing_order o
-  LEFT JOIN LATERAL (
-      SELECT sum(a.cost_usd) AS total, count(*) FILTER (WHERE {_UNPRICED_ATTEMPT}) AS unpriced
-        FROM executor_attempt a WHERE a.job_id = o.job_id) cost ON true
- WHERE o.created_at >= %s AND o.created_at < %s {{client}}
- GROUP BY o.product ORDER BY o.product
-"""
-
-
-def orders_by_product(first: datetime, after: datetime, *, client_id=None) -> list[dict]:
-    """Orders created in [first, after) by product: how many, paid and duplicate, and what their report
-    jobs' attempts cost (priced ones summed; unpriced ones that may have been paid counted, as an order's
-    own cost counts them). One statement; each order's attempts are found by their job's index."""
-    sql = _BY_PRODUCT_SQL.format(client="AND o.client_id = %s" if client_id is not None else "")
-    params = [first, after] + ([client_id] if client_id is not None else [])
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [{"product": product, "orders": orders, "paid": paid, "duplicate": duplicate,
-                 "cost": Decimal(cost).quantize(SIX), "unpriced_attempts": unpriced}
-                for product, orders, paid, duplicate, cost, unpriced in cursor.fetchall()]
-
-
-def orders_with_cost(orders):
-    """The orders with what each one's report job cost, as OrderAdmin once read it per row (public_attempts):
-    `cost_total` (priced attempts, None with none) and `cost_unpriced`, computed in the list's own statement."""
-    from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Sum
-
-    from executor.models import Attempt
-
-    attempts = Attempt.objects.filter(job_id=OuterRef("job_id")).order_by().values("job_id")
-    maybe_paid = Q(accepted_at__isnull=False) | Q(state__in=[AttemptState.SUBMITTING, AttemptState.UNCERTAIN])
-    return orders.annotate(
-        cost_total=Subquery(attempts.annotate(total=Sum("cost_usd")).values("total")),
-        cost_unpriced=Subquery(attempts.annotate(count=Count("id", filter=Q(cost_usd__isnull=True) & maybe_paid))
-                               .values("count"), output_field=IntegerField()),
-    )

@@ -20,21 +20,22 @@ settle or release it exactly once when its money is known, and never let `spent 
    from the pool, so none of them can be refused once the pre-flight passed; the join releases the rest.
 """
 
+import functools
 import logging
-from datetime import date, datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import date, datetime
 from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from billing.months import month_of
 from billing.models import (
     BUDGET_MONTH_CONSTRAINT,
+    Reservation,
     ReservationKind,
     ReservationState,
 )
-from jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -42,29 +43,15 @@ HELD, SETTLED, RELEASED = ReservationState.HELD.value, ReservationState.SETTLED.
 ATTEMPT, FANOUT = ReservationKind.ATTEMPT.value, ReservationKind.FANOUT.value
 
 
-def month_of(at: datetime) -> date:
-    """The first day of `at`'s UTC calendar month."""
-    at = at.astimezone(dt_timezone.utc) if timezone.is_aware(at) else at
-    return date(at.year, at.month, 1)
-
-
-def next_month(month: date) -> date:
-    return (month.replace(day=28) + timedelta(days=4)).replace(day=1)
-
-
 # The client's cap: its own, else BUDGET_MONTHLY_CAP_USD. Read in the same statement as the check.
 _CAP = "coalesce((SELECT monthly_cap_usd FROM jobs_client WHERE id = %(client)s), %(default_cap)s)"
 
-# Nothing is reserved for a cancelled job: an API cancel is final, and read in the statement that would
-# reserve (and so in the executor's intent: executor.attempts._intend), closing the race of a cancel
-# committed between the executor's decision to pay and its intent.
-_LIVE_JOB = f"NOT EXISTS (SELECT 1 FROM jobs_job WHERE id = %(job)s AND status = '{JobStatus.CANCELLED}')"
-
-# Step 2: the month's row, conditionally, then the reservation; `reserved` has a row only if it fit.
+# Step 2: the month's row, conditionally, then the reservation; `reserved` has a row only if it fit. `guard`
+# is the caller's condition for reserving at all, read in the same statement (reserve_then).
 _RESERVE_CTE = f"""
 month AS (
     INSERT INTO billing_budgetmonth (client_id, month, spent, reserved)
-    SELECT %(client)s, %(month)s, 0, %(amount)s WHERE %(amount)s <= {_CAP} AND {_LIVE_JOB}
+    SELECT %(client)s, %(month)s, 0, %(amount)s WHERE %(amount)s <= {_CAP} AND {{guard}}
     ON CONFLICT ON CONSTRAINT {BUDGET_MONTH_CONSTRAINT} DO UPDATE
        SET reserved = billing_budgetmonth.reserved + EXCLUDED.reserved
      WHERE billing_budgetmonth.spent + billing_budgetmonth.reserved + EXCLUDED.reserved <= {_CAP}
@@ -79,7 +66,7 @@ reserved AS (
 _DRAW_CTE = f"""
 pool AS (
     UPDATE billing_reservation SET amount = amount - %(amount)s
-     WHERE key = %(pool)s AND kind = '{FANOUT}' AND state = '{HELD}' AND amount >= %(amount)s AND {_LIVE_JOB}
+     WHERE key = %(pool)s AND kind = '{FANOUT}' AND state = '{HELD}' AND amount >= %(amount)s AND {{guard}}
     RETURNING id, budget_id),
 reserved AS (
     INSERT INTO billing_reservation (key, budget_id, job_id, kind, model, amount, state, unpriced, parent_id, created_at)
@@ -91,28 +78,38 @@ reserved AS (
 _ONLY_THE_RESERVATION = "SELECT id FROM reserved"
 
 
+@functools.lru_cache(maxsize=64)
+def _sql(cte: str, guard: str, statement: str) -> str:
+    return f"WITH {cte.format(guard=guard)} {statement}"
+
+
 def reserve_then(statement: str = _ONLY_THE_RESERVATION, params: dict | None = None, *, client_id, job_id,
-                 key: str, model: str, amount: Decimal, at: datetime | None = None, kind: str = ATTEMPT,
-                 pool: str | None = None) -> list | None:
+                 key: str, model: str, amount: Decimal, guard: str, at: datetime | None = None,
+                 kind: str = ATTEMPT, pool: str | None = None) -> list | None:
     """Reserve `amount` against the client's month of `at` (now), or draw it from the fan-out `pool`, and
     run `statement` in the same SQL statement, after the reservation. The statement reads the CTE
     `reserved` (`INSERT ... SELECT ... FROM reserved`), so what it writes exists only if the reservation
     fit: the executor's intent is that statement (one statement, one commit: intent and reservation
     together or not at all, step 1). Returns the statement's rows, or None when nothing fits under the
-    cap. A check refused on conservative counters folds the month and is tried once more (step 4); a pool
-    that has not enough left (more tries than planned) falls back to a reservation of its own."""
+    cap, or when `guard` is false. A check refused on conservative counters folds the month and is tried
+    once more (step 4); a pool that has not enough left (more tries than planned) falls back to a
+    reservation of its own.
+
+    `guard` is the caller's SQL condition for reserving at all (it may read %(job)s), read in the same
+    statement: a job's own (jobs.models.Job.NOT_CANCELLED_SQL: nothing is reserved for a cancelled job,
+    closing the race of a cancel committed between the decision to pay and the intent), or "true"."""
     at = at or timezone.now()
     values = {**(params or {}), "client": client_id, "month": month_of(at), "amount": amount, "key": key,
               "job": job_id, "kind": kind, "model": model, "at": at, "pool": pool,
               "default_cap": settings.BUDGET_MONTHLY_CAP_USD}
     with connection.cursor() as cursor:
         if pool is not None:
-            cursor.execute(f"WITH {_DRAW_CTE} {statement}", values)
+            cursor.execute(_sql(_DRAW_CTE, guard, statement), values)
             rows = cursor.fetchall()
             if rows:
                 return rows
         for last_try in (False, True):
-            cursor.execute(f"WITH {_RESERVE_CTE} {statement}", values)
+            cursor.execute(_sql(_RESERVE_CTE, guard, statement), values)
             rows = cursor.fetchall()
             if rows:
                 return rows
@@ -120,11 +117,11 @@ def reserve_then(statement: str = _ONLY_THE_RESERVATION, params: dict | None = N
                 return None  # nothing (more) to fold: the refusal stands
 
 
-def reserve(*, client_id, job_id, key: str, model: str, amount: Decimal, at: datetime | None = None,
+def reserve(*, client_id, job_id, key: str, model: str, amount: Decimal, guard: str, at: datetime | None = None,
             kind: str = ATTEMPT) -> bool:
     """A reservation on its own (a fan-out's pool, tests, the benchmark). False: it does not fit."""
-    return reserve_then(client_id=client_id, job_id=job_id, key=key, model=model, amount=amount, at=at,
-                        kind=kind) is not None
+    return reserve_then(client_id=client_id, job_id=job_id, key=key, model=model, amount=amount, guard=guard,
+                        at=at, kind=kind) is not None
 
 
 _SETTLE_SQL = f"""
@@ -227,22 +224,35 @@ def resettle(*, key: str, cost: Decimal) -> bool:
         return cursor.fetchone()[0] == 1
 
 
+_HOLD_UNPRICED_SQL = f"""
+UPDATE billing_reservation SET unpriced = true WHERE key = %(key)s AND state = '{HELD}' AND NOT unpriced RETURNING id
+"""
+
+
+def hold_unpriced(*, key: str) -> bool:
+    """The attempt's outcome is unknown and a person will decide (an `uncertain` attempt): its reservation
+    stays held, and counts as unpriced until then (billing.selectors.UNPRICED_ATTEMPT_SQL). Runs in the
+    transaction that makes the attempt uncertain, so the two never disagree."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLD_UNPRICED_SQL, {"key": key})
+        return cursor.fetchone() is not None
+
+
 def keep_as_spent(*, keys) -> int:
     """A person decided about attempts whose outcome nobody knows (`uncertain`): they may have been paid,
     so their reservations become spent, unpriced. Returns how many moved."""
     return sum(settle(key=key, cost=None) for key in keys)
 
 
-def fanout_reserve(*, client_id, job_id, key: str, units: int, unit_worst_case: Decimal,
+def fanout_reserve(*, client_id, job_id, key: str, units: int, unit_worst_case: Decimal, guard: str,
                    at: datetime | None = None) -> bool:
     """The pre-flight of a fan-out: one reservation of units x the most one unit can cost. False: it does
     not fit, and no unit may start. A repeat (the stage delivered again) reserves nothing more."""
-    from billing.models import Reservation
-
     if Reservation.objects.filter(key=key).exists():
         return True
     amount = unit_worst_case * units
-    return reserve(client_id=client_id, job_id=job_id, key=key, model="", amount=amount, at=at, kind=FANOUT)
+    return reserve(client_id=client_id, job_id=job_id, key=key, model="", amount=amount, guard=guard, at=at,
+                   kind=FANOUT)
 
 
 def fanout_release(*, key: str) -> bool:
@@ -252,7 +262,5 @@ def fanout_release(*, key: str) -> bool:
 
 def fanout_release_for_job(*, job_id) -> int:
     """The job ended before its fan-out joined (a cancel): every pool of it still held goes back."""
-    from billing.models import Reservation
-
     keys = Reservation.objects.filter(job_id=job_id, kind=FANOUT, state=HELD).values_list("key", flat=True)
     return sum(release(key=key) for key in list(keys))

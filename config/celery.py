@@ -51,7 +51,8 @@ def _refuse_development_settings(**_):
     (SystemExit): Celery logs and swallows an exception a signal's receiver raises."""
     from django.conf import settings
 
-    from config.startup import refuse_to_serve_with_development_settings
+    # Not at the top: the web process runs `python -m config.startup`, which runpy would then find imported.
+    from config.startup import refuse_to_serve_with_development_settings  # (see above)
 
     refuse_to_serve_with_development_settings(settings)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import requests
 
+from config.celery import app
+
 READY_WITHIN_S = 120.0
 
 
@@ -35,8 +37,6 @@ def _answers(url: str) -> bool:
 
 def _workers_answer() -> set[str]:
     """Which of the two queues' workers answer a ping (named jobs@... and webhooks@... by the Procfile)."""
-    from config.celery import app
-
     try:
         replies = app.control.ping(timeout=1.0)
     except Exception:  # the broker is not there yet, or went away: nobody answered

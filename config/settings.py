@@ -16,7 +16,6 @@ from config.env import (
     env_str,
 )
 from config.startup import DEVELOPMENT_SECRET_KEY
-from sandbox import callbacks as sandbox_callbacks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PAYONCE_VAR_DIR", str(BASE_DIR / "var")))
@@ -42,6 +41,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_results",
+    # payonce's apps, a one-way stack from the top (docs/architecture.md): each imports only those below it.
+    "operators",
+    "orders",
     "jobs",
     "executor",
     "webhooks",
@@ -246,8 +248,8 @@ POLL_MAX_INTERVAL_S = env_float("POLL_MAX_INTERVAL_S", 30.0, minimum=0.05)
 # With a callback expected, polls are only the fallback: their gaps start this many times longer.
 POLL_CALLBACK_FACTOR = env_float("POLL_CALLBACK_FACTOR", 4.0, minimum=1.0)
 PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_URL).rstrip("/")
-# The sandbox's own default (sandbox.callbacks imports only the standard library), so the two agree unset.
-SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", sandbox_callbacks.DEFAULT_SECRET)
+# Unset: the sandbox's own development default (executor.callbacks reads it from the sandbox), so the two agree.
+SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "")
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
 
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
@@ -318,7 +320,7 @@ CACHE_URL = env_str("CACHE_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswi
 CACHES = {"default": (
     {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL, "KEY_PREFIX": "payonce"}
     if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"})}
-# GET /metrics (config.metrics). With METRICS_TOKEN set, a scrape needs `Authorization: Bearer <token>`;
+# GET /metrics (operators.metrics). With METRICS_TOKEN set, a scrape needs `Authorization: Bearer <token>`;
 # unset, only loopback may scrape. Events that leave no row (sweeper recoveries, callbacks, polls) are
 # counted in one hash in METRICS_REDIS_URL (the broker's Redis unless set); empty (a non-Redis broker and
 # no URL set), those counters are not kept and /metrics does not export them.

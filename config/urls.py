@@ -1,19 +1,11 @@
-from django.contrib import admin
+"""The URL map: every app's own urls, named by string (config imports no app)."""
+
 from django.urls import include, path
 
-from config.metrics import metrics_view
-from jobs import views as job_views
-from jobs.schema import DocsView, SchemaView
-
 urlpatterns = [
-    path("v1/", include("jobs.urls")),
-    path("v1/", include("billing.urls")),
-    path("v1/", include("executor.urls")),
-    path("v1/schema", SchemaView.as_view(), name="schema"),
-    path("v1/docs", DocsView.as_view(url_name="schema"), name="docs"),
-    path("admin/", admin.site.urls),
-    path("r/<str:token>", job_views.report_page, name="report-page"),
-    path("metrics", metrics_view, name="metrics"),
+    path("", include("jobs.urls")),  # the API (/v1/jobs, /v1/spend, /v1/callbacks, /v1/schema) and /r/ pages
+    path("", include("orders.urls")),  # /v1/orders
+    path("", include("operators.urls")),  # /admin/ and /metrics
 ]
 
 # Errors outside DRF views (unknown paths, crashes) are JSON too, never an HTML page.

@@ -44,7 +44,6 @@ from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAIN
 from executor.providers.base import ErrorClass, ProviderError
 from executor.registry import model_spec, provider_params
 from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
-from jobs.selectors import job_is_cancelled
 
 logger = logging.getLogger(__name__)
 
@@ -517,7 +516,7 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
                   "a_request": Attempt._meta.get_field("request").get_db_prep_save(request, connection)}
         try:
             rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
-                                        model=model_name, amount=worst, pool=pool)
+                                        model=model_name, amount=worst, guard=job.NOT_CANCELLED_SQL, pool=pool)
         except IntegrityError as exc:
             constraint = violated_constraint(exc)
             if constraint in (ATTEMPT_NUMBER_CONSTRAINT, RESERVATION_KEY_CONSTRAINT):
@@ -526,7 +525,7 @@ def _intend(job, model_name: str, *, step: str = "submit", worst_case: Decimal |
                 raise StepRetry(f"another execution is paying for this step ({constraint})", countdown=1.0) from None
             raise
         if rows is None:
-            if job_is_cancelled(job.id):  # the reservation refuses a cancelled job (billing.services)
+            if job.cancelled_now():  # the reservation refuses a cancelled job (billing.services)
                 raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
             raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not "
                              "fit under this month's budget; nothing was sent.", model=model_name,
@@ -564,7 +563,7 @@ def _send(job, attempt: Attempt) -> None:
     # that waited on checks or uploads, or is sent again, is checked here, right before the call.
     fresh = getattr(attempt, "intended_now", False) and not settings.PRE_SUBMIT_CHECKS and not job.input.get("references")
     attempt.intended_now = False
-    if not fresh and job_is_cancelled(job.id):
+    if not fresh and job.cancelled_now():
         if attempt.sends > 1:
             # An earlier send of this key went out and nobody knows its outcome: it may have been paid, so
             # releasing its reservation would lose money the ledger may hold. A cancel is a person's
@@ -816,22 +815,19 @@ def _end(attempt: Attempt, state: str, *, expect: str, money: str, output_url: s
          mark=None, **fields) -> bool:
     """End the attempt and move its reservation in the same transaction (one commit): `settle` when the
     provider took it (its actual cost, or all of the reservation when nobody could price it), `release`
-    when it definitely did not charge; `hold` keeps it (an outcome nobody knows waits for a person). The
-    reservation moves only if this execution ended the attempt."""
+    when it definitely did not charge; `hold` keeps it, counted as unpriced (an outcome nobody knows waits
+    for a person). The reservation moves only if this execution ended the attempt."""
     fields = _end_fields(attempt, money=money, output_url=output_url, fields=fields)
-    if money == HOLD:
-        if not _update(attempt, expect=expect, state=state, **fields):
-            return False
-        _log_end(attempt)
-        return True
     # No savepoint inside a caller's transaction (jobs.runner's ready wait): it all commits or none does.
     with transaction.atomic(savepoint=False):
         if not _update(attempt, expect=expect, state=state, **fields):
             return False
         if money == SETTLE:
             billing.settle(key=attempt.upstream_key, cost=attempt.cost_usd)
-        else:
+        elif money == RELEASE:
             billing.release(key=attempt.upstream_key)
+        else:
+            billing.hold_unpriced(key=attempt.upstream_key)
         done = _DONE_MARK.get() if mark is not None else None
         if done is not None:  # the step this end finishes is marked done in the same commit
             done.in_transaction(mark(attempt))

@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from django.conf import settings
+
+from executor.providers import anthropic, openai_compat, real, replicate
 from executor.providers.base import CHEAP_LLM, Capabilities
 from sandbox import catalog as sandbox_catalog
 
@@ -104,8 +107,6 @@ _SANDBOX = {
 
 
 def _sandbox_capabilities(declared: dict | None) -> Capabilities:
-    from django.conf import settings
-
     if declared is None:
         return CHEAP_LLM
     return Capabilities(**declared, unpaid_statuses=_SANDBOX_UNPAID, key_ttl_s=settings.SANDBOX_KEY_TTL_S)
@@ -123,19 +124,14 @@ def model_spec(name: str) -> ModelSpec | None:
         kind, content_type, extension, declared, params = _SANDBOX[model]
         return ModelSpec(provider, model, kind, content_type, extension, _sandbox_capabilities(declared), params)
     if provider == "anthropic" and re.fullmatch(r"claude-[a-z0-9.-]{1,80}", model):
-        from executor.providers.anthropic import CAPABILITIES
-
-        return ModelSpec(provider, model, "text", "text/markdown", "md", CAPABILITIES)
+        return ModelSpec(provider, model, "text", "text/markdown", "md", anthropic.CAPABILITIES)
     if provider == "openai" and _OPENAI_MODEL.match(model):
-        from executor.providers.openai_compat import CAPABILITIES
-
-        return ModelSpec(provider, model, "text", "text/markdown", "md", CAPABILITIES)
+        return ModelSpec(provider, model, "text", "text/markdown", "md", openai_compat.CAPABILITIES)
     if provider == "replicate" and _REPLICATE_MODEL.match(model):
-        from executor.providers.replicate import CAPABILITIES
-
         # What a Replicate model makes is the model's business; the bytes are kept as they come. Its
         # parameters too: any model of any owner, so its input is passed through unchecked (params None).
-        return ModelSpec(provider, model, "image", "application/octet-stream", "bin", CAPABILITIES, params=None)
+        return ModelSpec(provider, model, "image", "application/octet-stream", "bin", replicate.CAPABILITIES,
+                         params=None)
     return None
 
 
@@ -169,6 +165,4 @@ def input_problems(models: Iterable[str], job_input: Mapping) -> dict[str, list[
 
 def provider_usable(provider: str) -> bool:
     """False when real providers are on and this one has no key (a job naming it is refused)."""
-    from executor.providers.real import provider_is_usable
-
-    return provider == "sandbox" or provider_is_usable(provider)
+    return provider == "sandbox" or real.provider_is_usable(provider)

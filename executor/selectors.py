@@ -5,7 +5,7 @@ from decimal import Decimal
 
 from django.db import connection
 
-from executor.models import AttemptState
+from executor.models import Attempt, AttemptState
 
 # Whether an attempt was paid, as the API says it (`paid`; Attempt.paid is the same rule in Python): `yes` once the provider accepted it or it
 # records a cost, `unknown` while a send's outcome is unknown (uncertain, or submitting after a send),
@@ -107,6 +107,33 @@ def attempts_by_run(job_id) -> dict[int, RunAttempts]:
 
 def uncertain_upstream_keys(job_id) -> list[str]:
     """The upstream keys of the job's attempts whose outcome nobody knows (a person decides about them)."""
-    from executor.models import Attempt
-
     return list(Attempt.objects.filter(job_id=job_id, state=AttemptState.UNCERTAIN).values_list("upstream_key", flat=True))
+
+
+@dataclass(frozen=True)
+class CalledBack:
+    """The attempt a provider's callback names: whose it is and where it stands."""
+
+    job_id: object
+    run: int
+    step: str
+    upstream_key: str
+    state: str
+
+
+_BY_UPSTREAM_ID_SQL = f"""
+SELECT a.job_id, a.run, a.step, a.upstream_key, a.state FROM executor_attempt a
+ WHERE a.provider = %s AND a.upstream_id = %s
+ -- A provider's ids are its own: should one name two attempts (a sandbox reset starts its ids again),
+ -- the one still running is the one waited on, else the newest.
+ ORDER BY a.state = '{AttemptState.RUNNING}' DESC, a.id DESC
+ LIMIT 1
+"""
+
+
+def attempt_by_upstream_id(*, provider: str, upstream_id: str) -> CalledBack | None:
+    """The attempt a provider knows as `upstream_id` (on the index attempt_upstream_id), or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BY_UPSTREAM_ID_SQL, [provider, upstream_id])
+        found = cursor.fetchone()
+    return CalledBack(*found) if found is not None else None

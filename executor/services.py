@@ -161,7 +161,7 @@ def attempt_telemetry_record(*, job_id, provider: str, number: int, usage: dict 
 
 
 def attempts_purge_requests(*, job_ids) -> int:
-    """Personal data purged (jobs.reports.reports_purge): what the attempts sent goes (prompts carry the
+    """Personal data purged (operators.purge): what the attempts sent goes (prompts carry the
     subject); their keys, usage, cost and outcome stay on the record."""
     purged = 0
     for attempt in Attempt.objects.filter(job_id__in=job_ids).only("id", "request"):

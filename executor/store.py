@@ -207,7 +207,7 @@ def _store_for(url: str):
         return FileStore(root)
     if parts.scheme == "s3":
         # s3://bucket[/prefix]; credentials, region and AWS_ENDPOINT_URL from the environment.
-        from executor.s3store import S3Store
+        from executor.s3store import S3Store  # boto3 is loaded only where the store is S3
 
         return S3Store.from_url(url)
     raise ValueError(f"OUTPUT_STORE_URL: unsupported scheme {parts.scheme!r} (file:// or s3://)")

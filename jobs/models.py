@@ -97,7 +97,7 @@ class Job(models.Model):
             models.UniqueConstraint(fields=["client", "output_key"], name="job_client_output_key"),
             models.CheckConstraint(condition=Q(run__gte=1), name="job_run_positive"),
         ]
-        # The admin's actions, each a permission of its own beside Django's view_job (jobs.admin): a staff
+        # The admin's actions, each a permission of its own beside Django's view_job (operators.admin.jobs): a staff
         # user may read jobs without being able to pay again. Replaying a job's deliveries needs
         # webhooks.replay_delivery.
         permissions = [
@@ -108,7 +108,7 @@ class Job(models.Model):
             # GET /v1/jobs: a client's jobs, newest first, optionally by status.
             models.Index(fields=["client", "-created_at", "-id"], name="job_client_created"),
             models.Index(fields=["client", "status", "-created_at"], name="job_client_status_created"),
-            # The operators' job list (jobs.admin): every client's jobs newest first, and by status, a page
+            # The operators' job list (operators.admin.jobs): every client's jobs newest first, and by status, a page
             # at a time without sorting the whole table (bench/admin.py).
             models.Index(fields=["-created_at", "-id"], name="job_created"),
             models.Index(fields=["status", "-created_at", "-id"], name="job_status_created"),
@@ -126,6 +126,16 @@ class Job(models.Model):
     @property
     def is_open(self) -> bool:
         return self.status in OPEN_STATUSES
+
+    # An API cancel is final: nothing is paid for a cancelled job. The layers below the job engine (the
+    # executor, billing) are handed the job and ask it, rather than reading jobs' table themselves.
+    # As SQL, on the parameter %(job)s, for a statement that reserves money (billing.services.reserve_then):
+    # read in that statement, it closes the race of a cancel committed between deciding to pay and paying.
+    NOT_CANCELLED_SQL = f"NOT EXISTS (SELECT 1 FROM jobs_job WHERE id = %(job)s AND status = '{JobStatus.CANCELLED}')"
+
+    def cancelled_now(self) -> bool:
+        """Whether the job is cancelled now (read from the table, not from this instance)."""
+        return Job.objects.filter(id=self.id, status=JobStatus.CANCELLED).exists()
 
 
 class StepStatus(models.TextChoices):
@@ -215,42 +225,3 @@ class ReportChapter(models.Model):
 
     def __str__(self):
         return f"{self.report_id} {self.key} ({self.status})"
-
-
-class OperatorActionKind(models.TextChoices):
-    CANCEL = "cancel"  # end open jobs (jobs.services.job_cancel)
-    RETRY = "retry"  # a person's decision to pay again (jobs.services.job_retry)
-    REPLAY = "replay"  # send a job's deliveries again, same webhook-id (nothing is paid)
-    RERUN = "rerun"  # an order's report run again: its done chapters are kept, the rest are paid again
-    REPLAY_DEAD = "replay_dead"  # dead letters sent again
-
-
-class OperatorAction(models.Model):
-    """The audit row of an operator's action from the admin or the CLI (jobs.operations): who, when,
-    what, over which jobs, how many, why. Written before the action starts (so an action cut short by a
-    crash still shows), and finished with what it did."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    action = models.CharField(max_length=16, choices=OperatorActionKind.choices)
-    who = models.CharField(max_length=150)  # the admin user, or the CLI's --who (default: the OS user)
-    via = models.CharField(max_length=16)  # "admin" or "cli"
-    # What was acted on, as the operator chose it: the filter (status=failed, month=2026-10 ...) or ids.
-    target = models.TextField()
-    reason = models.TextField()
-    matched = models.PositiveIntegerField()  # rows the target matched when the action started
-    acted = models.PositiveIntegerField(default=0)  # rows the action changed (the others were skipped)
-    # The preview the operator confirmed (counts, the worst case a retry reserves) and the first ids.
-    detail = models.JSONField(default=dict)
-    started_at = models.DateTimeField(default=timezone.now)
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [
-            # A bulk action without a why is refused by the database too, not only by the form.
-            models.CheckConstraint(condition=~Q(reason=""), name="operator_action_reason_required"),
-        ]
-        indexes = [models.Index(fields=["-started_at"], name="operator_action_started")]
-        ordering = ["-started_at"]
-
-    def __str__(self):
-        return f"{self.action} x{self.acted} by {self.who} at {self.started_at:%Y-%m-%d %H:%M}"

@@ -135,7 +135,8 @@ def preflight(ctx) -> dict:
     report = reports.report_of(ctx.job.id)
     left = reports.chapters_left(report)
     if left and not billing.fanout_reserve(client_id=ctx.job.client_id, job_id=ctx.job.id, key=_pool(ctx),
-                                           units=len(left), unit_worst_case=chapter_worst_case(ctx, report)):
+                                           units=len(left), unit_worst_case=chapter_worst_case(ctx, report),
+                                           guard=ctx.job.NOT_CANCELLED_SQL):
         raise JobFailure("BUDGET_EXCEEDED", f"The worst case of {len(left)} chapters does not fit under this "
                          "month's budget; no chapter was started.", chapters=left)
     return {"chapters_left": left}

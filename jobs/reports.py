@@ -13,7 +13,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import ChapterStatus, Report, ReportChapter
+from jobs.models import OPEN_STATUSES, ChapterStatus, Job, Report, ReportChapter
 
 logger = logging.getLogger(__name__)
 
@@ -168,26 +168,18 @@ def report_delivery_failed(*, report: Report, error: str) -> None:
 # --- personal data -----------------------------------------------------------------------------------------
 
 
-def reports_purge(*, older_than, dry_run: bool = False) -> list[str]:
-    """Remove the personal input of reports made before `older_than` that have ended: the subject and the
-    email on the report, the job's input, the order's input and email, what the attempts sent (prompts
-    carry the subject), and the job's input in the stored webhook envelopes. The sealed report, its
-    chapters and the figures saved onto it stay readable. Returns the purged job ids."""
-    from billing.orders import orders_purge
-    from executor.services import attempts_purge_requests
-    from jobs.models import Job, OPEN_STATUSES
-    from webhooks.services import deliveries_redact_input
-
+def reports_purgeable(*, older_than) -> list[str]:
+    """The ids of the report jobs made before `older_than` that have ended and still hold personal input."""
     reports = Report.objects.filter(created_at__lt=older_than, purged_at__isnull=True).exclude(
         job__status__in=OPEN_STATUSES)
-    job_ids = [str(job_id) for job_id in reports.values_list("job_id", flat=True)]
-    if dry_run or not job_ids:
-        return job_ids
-    with transaction.atomic():
-        for report in Report.objects.filter(job_id__in=job_ids).select_for_update():
-            Job.objects.filter(id=report.job_id).update(input={"chapters": report.chapter_keys, "purged": True})
-        Report.objects.filter(job_id__in=job_ids).update(subject=None, email="", purged_at=timezone.now())
-        attempts_purge_requests(job_ids=job_ids)
-        orders_purge(job_ids=job_ids)
-        deliveries_redact_input(job_ids=job_ids)
-    return job_ids
+    return [str(job_id) for job_id in reports.values_list("job_id", flat=True)]
+
+
+def reports_purge_input(*, job_ids) -> None:
+    """The reports' part of a purge (operators.purge): the subject and the email on the report, and the
+    job's input. The sealed report, its chapters and the figures saved onto it stay readable. Runs in the
+    purge's transaction; each report is locked while its job's input is rewritten."""
+    assert transaction.get_connection().in_atomic_block, "a purge is one transaction (operators.purge)"
+    for report in Report.objects.filter(job_id__in=job_ids).select_for_update():
+        Job.objects.filter(id=report.job_id).update(input={"chapters": report.chapter_keys, "purged": True})
+    Report.objects.filter(job_id__in=job_ids).update(subject=None, email="", purged_at=timezone.now())

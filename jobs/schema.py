@@ -125,7 +125,7 @@ CALLBACK_OPERATION = {
 def event_stream_path(result, generator, request, public):
     """drf-spectacular postprocessing hook: the two routes that are plain Django views, so drf-spectacular
     does not see them: GET /v1/jobs/{job_id}/events (jobs.events) and POST /v1/callbacks/{provider}
-    (executor.views)."""
+    (jobs.views.provider_callback)."""
     paths = result.setdefault("paths", {})
     paths["/v1/jobs/{job_id}/events"] = {"get": EVENTS_OPERATION}
     paths["/v1/callbacks/{provider}"] = {"post": CALLBACK_OPERATION}

@@ -60,7 +60,7 @@ def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwar
     return list(jobs[:limit])
 
 
-# --- the operators' job list (jobs.admin) ----------------------------------------------------------------
+# --- the operators' job list (operators.admin.jobs) ----------------------------------------------------------------
 
 # The models named in the newest jobs' chains: read along job_created, so it costs the same over any size of
 # table (the whole table's chains would be every row unnested: 300,000 of them in bench/admin.py).
@@ -138,12 +138,18 @@ def stuck_jobs(*, handoff: timedelta, limit: int = 500) -> list[tuple]:
         return cursor.fetchall()
 
 
-# --- the executor ------------------------------------------------------------------------------------------
+# --- a provider's callback (jobs.services.job_wake) ---------------------------------------------------------
 
 
-def job_is_cancelled(job_id) -> bool:
-    """An API cancel is final: the executor looks before it spends."""
-    return Job.objects.filter(id=job_id, status=JobStatus.CANCELLED).exists()
+def job_state(job_id) -> Job | None:
+    """The job's status, kind and run, or None."""
+    return Job.objects.filter(id=job_id).only("status", "kind", "run").first()
+
+
+def steps_named(*, job_id, run: int, names) -> dict[str, Step]:
+    """{name: Step} of the run's steps among `names` (their status and lease owner)."""
+    return {step.name: step for step in Step.objects.filter(job_id=job_id, run=run, name__in=list(names))
+            .only("name", "status", "lease_owner")}
 
 
 # --- progress (GET /v1/jobs/{id}/events) -------------------------------------------------------------------

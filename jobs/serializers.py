@@ -6,13 +6,14 @@ import json
 import re
 from decimal import Decimal
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from executor.registry import PAYONCE_INPUT_KEYS, input_problems, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
-from jobs.models import JobKind
+from jobs.models import JobKind, ReportChapter
 from jobs.selectors import succeeded_output_keys
 from webhooks import services as webhooks
 
@@ -178,8 +179,6 @@ class ReportInputSerializer(StrictSerializer):
         return value
 
     def validate_chapters(self, value):
-        from django.conf import settings
-
         if len(value) > settings.REPORT_MAX_CHAPTERS:
             raise serializers.ValidationError(f"At most {settings.REPORT_MAX_CHAPTERS} chapters.")
         bad = [repr(key) for key in value if not _CHAPTER_KEY.match(key)]
@@ -352,8 +351,6 @@ def job_as_dict(job) -> dict:
 
 def report_chapters(job, attempts: list[dict]) -> list[dict]:
     """A report's chapters in order, each with its attempts (every run's) and their cost (docs/api.md, "A job")."""
-    from jobs.models import ReportChapter
-
     by_step: dict[str, list[dict]] = {}
     for attempt in attempts:
         by_step.setdefault(attempt.get("step") or "", []).append(attempt)

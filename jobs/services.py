@@ -12,12 +12,17 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from billing import services as billing
 from config.logs import log_event
+from executor.callbacks import Wake
 from executor.registry import model_spec
-from executor.selectors import attempts_json_sql
+from executor.selectors import attempts_json_sql, uncertain_upstream_keys
+from jobs import chain, selectors
 from jobs.errors import IdempotencyConflict, OutputKeyConflict
-from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus
-from jobs.selectors import job_holding_output_key
+from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus, StepStatus
+from jobs.serializers import job_as_dict
+from jobs.workflow import RECIPES
+from webhooks import services as webhooks
 
 logger = logging.getLogger(__name__)
 
@@ -27,12 +32,10 @@ logger = logging.getLogger(__name__)
 
 def client_create(*, name: str, webhook_url: str = "", monthly_cap_usd: Decimal | None = None) -> dict:
     """Create a client with one API key and a webhook signing secret. The key is returned only here."""
-    from webhooks.services import endpoint_create
-
     with transaction.atomic():
         client = Client.objects.create(name=name, monthly_cap_usd=monthly_cap_usd)
         _, api_key = ClientAPIKey.objects.create_key(name=f"{name} key", client=client)
-        _, webhook_secret = endpoint_create(client=client, url=webhook_url)
+        _, webhook_secret = webhooks.endpoint_create(client=client, url=webhook_url)
     return {"client_id": str(client.id), "api_key": api_key, "webhook_secret": webhook_secret}
 
 
@@ -116,7 +119,7 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
         # this idempotency key at all: then the INSERT did nothing because of job_client_output_key.
         job, created = Job.objects.filter(client=client, idempotency_key=idempotency_key).first(), False
     if job is None:
-        holder = job_holding_output_key(client_id=client.id, key=candidate.output_key)
+        holder = selectors.job_holding_output_key(client_id=client.id, key=candidate.output_key)
         raise OutputKeyConflict(
             "This output_key is already claimed by another of your jobs.",
             output_key=candidate.output_key, job_id=str(holder) if holder else None,
@@ -158,10 +161,8 @@ def _insert_or_read(candidate: Job) -> tuple[Job | None, bool]:
 def job_enqueue_on_commit(job: Job) -> None:
     """Start the job's run once the row is committed. A broker that is down loses nothing: the job stays
     queued in Postgres and the sweeper starts it when its enqueue lease runs out."""
-    from jobs import tasks
-
     job_id, run, kind = job.id, job.run, job.kind
-    transaction.on_commit(lambda: _enqueue_safely(tasks.start_run, job_id, run, kind))
+    transaction.on_commit(lambda: _enqueue_safely(chain.start_run, job_id, run, kind))
 
 
 def job_mark_running(*, job_id: uuid.UUID) -> bool:
@@ -192,10 +193,7 @@ _EVENT_FOR = {
 
 def _emit(job: Job, event: str) -> None:
     """Write the outbox row for the state change just made to `job`, in its transaction."""
-    from jobs.serializers import job_as_dict
-    from webhooks.services import delivery_create
-
-    delivery_create(job=job, event=event, data=job_as_dict(job))
+    webhooks.delivery_create(job=job, event=event, data=job_as_dict(job))
 
 
 _FINISH_SQL = f"""
@@ -234,14 +232,10 @@ def job_cancel(*, job: Job) -> bool:
         )
         if won:
             _keep_uncertain_spend(job.id)
-            from billing.services import fanout_release_for_job
-
-            fanout_release_for_job(job_id=job.id)  # a cancelled report's chapters will not draw again
+            billing.fanout_release_for_job(job_id=job.id)  # a cancelled report's chapters will not draw again
     if won:
-        from jobs import tasks
-
         job_id, run = job.id, job.run
-        transaction.on_commit(lambda: _enqueue_safely(tasks.cancel_upstream, job_id, run))
+        transaction.on_commit(lambda: _enqueue_safely(chain.stop_upstream, job_id, run))
     return won
 
 
@@ -283,16 +277,41 @@ def job_retry(*, job: Job) -> Job | None:
 def _keep_uncertain_spend(job_id) -> None:
     """A person decided (a retry pays again; a cancel stops): attempts whose outcome nobody knows may have
     been paid, so their reservations become spent, unpriced (docs/design.md, "The cap: spent + reserved <= cap")."""
-    from billing.services import keep_as_spent
-    from executor.selectors import uncertain_upstream_keys
-
     keys = uncertain_upstream_keys(job_id)
     if keys:
-        keep_as_spent(keys=keys)
+        billing.keep_as_spent(keys=keys)
+
+
+def job_wake(*, job_id, run: int, step: str, claim) -> Wake:
+    """A provider called back about the attempt of `step` in `run` (executor.callbacks, the doorbell):
+    wake the job's waiting step now rather than at its next poll. It still asks the provider itself, so a
+    callback can cost a poll, never a state (docs/design.md, "Callbacks are a doorbell"). `claim()` takes
+    the callback's message id, once; only its taker wakes the step.
+
+    The wake runs the waiting stage under the chain that holds its polling lease (so it takes the lease
+    rather than stopping at it); with no wait row yet, under a chain of its own."""
+    job = selectors.job_state(job_id)
+    if job is None or job.run != run or job.status != JobStatus.RUNNING:
+        return Wake.ENDED
+    recipe = RECIPES[job.kind]
+    waiting = recipe.waiting_step()
+    if waiting is None:
+        return Wake.ENDED
+    steps = selectors.steps_named(job_id=job_id, run=run, names=(waiting.name, step))
+    wait = steps.get(waiting.name)
+    if wait is None and getattr(steps.get(step), "status", None) != StepStatus.DONE:
+        return Wake.EARLY  # the worker that submitted has not recorded the acceptance yet
+    if wait is not None and wait.status != StepStatus.RUNNING:
+        return Wake.ENDED
+    if not claim():
+        return Wake.DUPLICATE
+    chain.start_run(job_id, run, job.kind, recipe.waiting_stage(),
+                    root_id=(wait.lease_owner if wait is not None else "") or None, rung=True)
+    return Wake.RUNG
 
 
 def _enqueue_safely(enqueue, *args) -> None:
-    """Call an enqueueing function of jobs.tasks; a broker that is down loses nothing (the row is the
+    """Call an enqueueing function of jobs.chain; a broker that is down loses nothing (the row is the
     truth, and the sweeper recovers it)."""
     try:
         enqueue(*args)

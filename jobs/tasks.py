@@ -7,30 +7,11 @@ import logging
 
 from celery import group, shared_task, signature
 
+from executor.attempts import sweep_cancelled
 from jobs import runner, sweeper, workflow
+from jobs.chain import start_run
 
 logger = logging.getLogger(__name__)
-
-
-def start_run(job_id, run: int, kind: str = "media", from_stage: int = 0, countdown: float = 0.0, *,
-              root_id: str | None = None, rung: bool = False) -> None:
-    """Enqueue the chain of a run's stages from `from_stage`, one link per stage. A link finds its steps
-    done when an earlier link ran its stage inline, and the link that runs the last stage ends the chain.
-    A link whose stage waits is sent when its first look is due (Continue's countdown).
-
-    `root_id` sends the chain as part of an existing one (the chain holding a polling lease), and `rung`
-    says a provider called back: the waiting stage looks at once (executor.callbacks)."""
-    first, *rest = workflow.RECIPES[kind].stages[from_stage:]
-    links = [run_stage.si(str(job_id), run, stage.name) for stage in rest]
-    # The chain travels in the first message (Celery's own `chain` field, links in reverse order), as
-    # canvas.chain would send it, without freezing every link up front: this runs in every POST.
-    run_stage.apply_async((str(job_id), run, first.name), {"rung": True} if rung else None,
-                          countdown=countdown or None, root_id=root_id,
-                          chain=[dict(link) for link in reversed(links)] or None)
-
-
-def cancel_upstream(job_id, run: int) -> None:
-    stop_upstream.delay(str(job_id), run)
 
 
 def _follow(task, outcome, job_id: str, run: int) -> None:
@@ -85,7 +66,8 @@ def run_substep(self, job_id: str, run: int, stage: str, key: str):
 @shared_task(name="jobs.stop_upstream", bind=True)
 def stop_upstream(self, job_id: str, run: int):
     """A cancel won: stop the job's upstream work now rather than at its next poll; and again once a send
-    whose answer may still come can no longer be answered (executor.attempts.cancel_current)."""
+    whose answer may still come can no longer be answered (executor.attempts.cancel_current). Sent by
+    jobs.chain.stop_upstream."""
     stop = runner.stop_cancelled(job_id=job_id, run=run, owner=self.request.id)
     if stop.again_s is not None:
         stop_upstream.apply_async((job_id, run), countdown=stop.again_s + 0.5)
@@ -93,8 +75,6 @@ def stop_upstream(self, job_id: str, run: int):
 
 @shared_task(name="jobs.sweep")
 def sweep() -> int:
-    from executor.attempts import sweep_cancelled
-
     resumed = sweeper.sweep()
     try:
         sweep_cancelled()

@@ -3,10 +3,14 @@
 import json
 import math
 import re
+import secrets
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -15,10 +19,13 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing import months
+from billing import selectors as billing_selectors
+from executor import callbacks
 from executor.registry import OUTPUT_CONTENT_TYPES
 from executor.services import store_error_is_permanent
 from executor.store import client_store
-from jobs import selectors, services
+from jobs import reports, selectors, services
 from jobs.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
@@ -31,7 +38,10 @@ from jobs.errors import (
     ReportNotSealed,
     StoreUnavailable,
     UnsupportedMediaType,
+    error_body,
+    method_not_allowed,
 )
+from jobs.markdown import to_html
 from jobs.models import Job, JobKind, JobStatus, Report
 from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
@@ -42,7 +52,7 @@ IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 _IDEMPOTENCY_KEY = re.compile(r"\A[\x21-\x7e]{1,255}\Z")
 _JSON_CONTENT_TYPE = re.compile(r"\Aapplication/([a-z0-9.+-]+\+)?json\Z", re.IGNORECASE | re.ASCII)
 
-_ERROR = inline_serializer(
+ERROR_SCHEMA = inline_serializer(
     "Error",
     {"error": inline_serializer("ErrorBody", {"code": serializers.CharField(), "message": serializers.CharField()})},
 )
@@ -156,9 +166,9 @@ class JobListCreateView(APIView):
         responses={
             201: JobSerializer,
             202: OpenApiResponse(JobSerializer, description="A replay of the same key and body: the same job."),
-            400: _ERROR, 401: _ERROR,
-            409: OpenApiResponse(_ERROR, description="IDEMPOTENCY_CONFLICT, or OUTPUT_KEY_CONFLICT"),
-            413: _ERROR, 415: _ERROR, 422: _ERROR,
+            400: ERROR_SCHEMA, 401: ERROR_SCHEMA,
+            409: OpenApiResponse(ERROR_SCHEMA, description="IDEMPOTENCY_CONFLICT, or OUTPUT_KEY_CONFLICT"),
+            413: ERROR_SCHEMA, 415: ERROR_SCHEMA, 422: ERROR_SCHEMA,
         },
     )
     def post(self, request):
@@ -177,7 +187,7 @@ class JobListCreateView(APIView):
             OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 50},
                              description="Jobs per page; a page also stops before it grows past about 1 MiB."),
         ],
-        responses={200: _JOB_PAGE, 401: _ERROR, 422: _ERROR},
+        responses={200: _JOB_PAGE, 401: ERROR_SCHEMA, 422: ERROR_SCHEMA},
     )
     def get(self, request):
         status = request.query_params.get("status")
@@ -187,7 +197,7 @@ class JobListCreateView(APIView):
 
 
 class JobDetailView(APIView):
-    @extend_schema(operation_id="jobs_retrieve", responses={200: JobSerializer, 401: _ERROR, 404: _ERROR})
+    @extend_schema(operation_id="jobs_retrieve", responses={200: JobSerializer, 401: ERROR_SCHEMA, 404: ERROR_SCHEMA})
     def get(self, request, job_id):
         return Response(JobSerializer(_own_job(request, job_id)).data)
 
@@ -202,7 +212,7 @@ def _own_job(request, job_id) -> Job:
 
 class JobCancelView(APIView):
     @extend_schema(operation_id="jobs_cancel", request=None,
-                   responses={200: JobSerializer, 401: _ERROR, 404: _ERROR, 409: _ERROR})
+                   responses={200: JobSerializer, 401: ERROR_SCHEMA, 404: ERROR_SCHEMA, 409: ERROR_SCHEMA})
     def post(self, request, job_id):
         job = _own_job(request, job_id)
         if not services.job_cancel(job=job):
@@ -213,7 +223,7 @@ class JobCancelView(APIView):
 
 class JobRetryView(APIView):
     @extend_schema(operation_id="jobs_retry", request=None,
-                   responses={202: JobSerializer, 401: _ERROR, 404: _ERROR, 409: _ERROR})
+                   responses={202: JobSerializer, 401: ERROR_SCHEMA, 404: ERROR_SCHEMA, 409: ERROR_SCHEMA})
     def post(self, request, job_id):
         job = _own_job(request, job_id)
         retried = services.job_retry(job=job)
@@ -232,8 +242,8 @@ class JobOutputView(APIView):
             **{(200, content_type): OpenApiTypes.BINARY for content_type in OUTPUT_CONTENT_TYPES},
             302: OpenApiResponse(description="S3 store: a presigned URL of the object, valid for an hour."),
             303: OpenApiResponse(description="A report: its text is at GET /v1/jobs/{job_id}/report."),
-            409: OpenApiResponse(_ERROR, description="JOB_NOT_SUCCEEDED: the job has no output (yet)."),
-            401: _ERROR, 404: _ERROR, 503: _ERROR,
+            409: OpenApiResponse(ERROR_SCHEMA, description="JOB_NOT_SUCCEEDED: the job has no output (yet)."),
+            401: ERROR_SCHEMA, 404: ERROR_SCHEMA, 503: ERROR_SCHEMA,
         },
     )
     def get(self, request, job_id):
@@ -265,7 +275,7 @@ class WhoAmIView(APIView):
     @extend_schema(
         operation_id="whoami",
         responses={200: inline_serializer("WhoAmI", {"client_id": serializers.UUIDField(), "name": serializers.CharField()}),
-                   401: _ERROR},
+                   401: ERROR_SCHEMA},
     )
     def get(self, request):
         return Response({"client_id": str(request.user.id), "name": request.user.name})
@@ -299,15 +309,11 @@ class JobReportView(APIView):
                 "chapters": inline_serializer("ReportText", {"key": serializers.CharField(),
                                                              "text": serializers.CharField()}, many=True),
             }),
-            401: _ERROR, 404: OpenApiResponse(_ERROR, description="NOT_FOUND, or NOT_A_REPORT (a media job)"),
-            409: OpenApiResponse(_ERROR, description="REPORT_NOT_SEALED"),
+            401: ERROR_SCHEMA, 404: OpenApiResponse(ERROR_SCHEMA, description="NOT_FOUND, or NOT_A_REPORT (a media job)"),
+            409: OpenApiResponse(ERROR_SCHEMA, description="REPORT_NOT_SEALED"),
         },
     )
     def get(self, request, job_id):
-        from django.http import HttpResponse
-
-        from jobs import reports
-
         job = _own_job(request, job_id)
         if job.kind != JobKind.REPORT:
             raise NotAReport("This job is a media job: it has an output, not a report.", kind=job.kind)
@@ -331,10 +337,6 @@ REPORT_PAGE_CSP = ("default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none
 
 
 def _report_page_response(request, template: str, context: dict, status: int):
-    import secrets
-
-    from django.shortcuts import render
-
     nonce = secrets.token_urlsafe(18)
     response = render(request, template, {**context, "csp_nonce": nonce}, status=status)
     response["Content-Security-Policy"] = REPORT_PAGE_CSP.format(nonce=nonce)
@@ -347,9 +349,6 @@ def report_page(request, token: str):
     """GET /r/{token}: the page behind the emailed link. Signed and expiring; a bad or expired token is
     404. Server-rendered, self-contained (no CDN, no external font), readable on a phone, under a strict
     Content-Security-Policy (REPORT_PAGE_CSP)."""
-    from jobs import reports
-    from jobs.markdown import to_html
-
     report = reports.report_from_token(token)
     if report is None:
         return _report_page_response(request, "jobs/report_not_found.html", {}, status=404)
@@ -358,3 +357,50 @@ def report_page(request, token: str):
     chapters = [{"key": c.key, "title": c.key.replace("-", " ").capitalize(), "html": to_html(c.text or "")}
                 for c in reports.chapters_in_order(report)]
     return _report_page_response(request, "jobs/report.html", {"report": report, "chapters": chapters}, status=200)
+
+
+# --- spend (money is billing's; this is its API) ------------------------------------------------------------
+
+_MONEY = serializers.CharField(help_text="USD as a decimal string with 6 places")
+_SPEND = inline_serializer("Spend", {
+    "month": serializers.CharField(), "resets_at": serializers.DateTimeField(),
+    "cap_usd": _MONEY, "spent_usd": _MONEY, "reserved_usd": _MONEY, "headroom_usd": _MONEY,
+    "unpriced_attempts": serializers.IntegerField(),
+    "by_model": inline_serializer("SpendByModel", {
+        "model": serializers.CharField(), "spent_usd": _MONEY, "attempts": serializers.IntegerField(),
+        "unpriced_attempts": serializers.IntegerField(),
+    }, many=True),
+})
+
+
+class SpendView(APIView):
+    """GET /v1/spend (docs/api.md, "Spend: GET /v1/spend"): a client's month, as the budget guard keeps it."""
+
+    @extend_schema(
+        operation_id="spend",
+        parameters=[OpenApiParameter("month", {"type": "string", "pattern": months.MONTH_PATTERN},
+                                     description="YYYY-MM (UTC); default: the current month")],
+        responses={200: _SPEND, 401: ERROR_SCHEMA, 422: ERROR_SCHEMA},
+    )
+    def get(self, request):
+        raw = request.query_params.get("month")
+        try:
+            month = months.parse_month(raw) if raw else months.month_of(timezone.now())
+        except ValueError:
+            raise InvalidRequest("Invalid month.", fields={"month": [months.MONTH_WORDS]}) from None
+        return Response(billing_selectors.month_spend(request.user, month))
+
+
+# --- provider callbacks --------------------------------------------------------------------------------------
+
+
+@csrf_exempt
+def provider_callback(request, provider: str):
+    """POST /v1/callbacks/{provider} (executor.callbacks): thin, unauthenticated by API key (the provider
+    signs instead), and never an HTML page. The body is bounded by config.limits before it reaches here."""
+    if request.method != "POST":
+        return method_not_allowed("POST", "Callbacks are POSTed.")
+    answer = callbacks.ring(provider, request.body, request.headers, wake=services.job_wake)
+    if answer.status >= 400:
+        return JsonResponse(error_body(answer.code, answer.message), status=answer.status)
+    return JsonResponse({"status": answer.code}, status=answer.status)

@@ -93,6 +93,10 @@ class Recipe:
         """The index of the stage that polls (the one a provider's callback wakes)."""
         return next(i for i, stage in enumerate(self.stages) if stage.waits)
 
+    def waiting_step(self) -> "StepSpec | None":
+        """The step that polls (the one a provider's callback wakes), or None: nothing of this kind waits."""
+        return next((spec for stage in self.stages for spec in stage.steps if spec.effect is Effect.WAIT), None)
+
 
 RECIPES: dict[str, Recipe] = {}
 

@@ -137,7 +137,7 @@ def test_an_operator_reads_every_page_replays_dead_deliveries_in_bulk_and_re_run
         assert len(new) == 1 and new[0]["model"] == "llm", new
         in_db(lambda: assert_books_balance(ledger))
 
-        from jobs.models import OperatorAction
+        from operators.models import OperatorAction
 
         audit = in_db(lambda: list(OperatorAction.objects.order_by("started_at").values(
             "action", "who", "via", "matched", "acted", "reason")))
@@ -244,7 +244,7 @@ def assert_summary_says_what_the_record_says(page, job_id, ledger) -> list[dict]
 def assert_report_says_what_the_record_says(page, url, job_id) -> dict:
     """A report job's page: the link its buyer gets (naming this report), the recipient (the order's
     email), and its chapters done of total, as the database has them."""
-    from billing.models import Order
+    from orders.models import Order
     from jobs.models import ReportChapter
     from jobs.reports import report_from_token
 
@@ -325,7 +325,7 @@ def operator_reads_every_page(page, url, ok, refused, order, ledger):
     assert page.locator("svg rect").count() >= 12  # the last 12 months' bars, drawn on the server
     shot(page, "06-spend")
 
-    page.goto(f"{url}/admin/billing/order/")
+    page.goto(f"{url}/admin/orders/order/")
     assert "pi_browser" in page.locator("#result_list").inner_text()
     assert_every_column_shows(page, ["payment id", "client", "status", "job", "cost (usd)", "unpriced", "product",
                                      "run id", "created"])
@@ -355,7 +355,7 @@ def operator_replays_in_bulk(page, url, client_id):
 
 
 def operator_re_runs_the_order(page, url, order):
-    page.goto(f"{url}/admin/billing/order/")
+    page.goto(f"{url}/admin/orders/order/")
     page.check(f"#result_list input[type=checkbox][value='{order['id']}']")
     page.select_option("select[name=action]", "rerun")
     page.click("button[name=index]")

@@ -11,7 +11,8 @@ from django.db import connection
 from django.utils import timezone
 
 from executor.models import Attempt, AttemptState
-from jobs.models import Job, JobStatus, OperatorAction, Step, StepStatus
+from jobs.models import Job, JobStatus, Step, StepStatus
+from operators.models import OperatorAction
 from jobs.services import job_finish
 from tests.conftest import HOOK_URL, media_body
 from webhooks.models import Delivery, DeliveryStatus
@@ -129,7 +130,7 @@ def test_a_bulk_cancel_over_a_filter_previews_needs_a_reason_and_writes_one_audi
     assert (entry.action, entry.who, entry.via, entry.matched, entry.acted) == ("cancel", "admin", "admin", 3, 1)
     assert entry.reason == "customer asked to stop" and entry.finished_at is not None
     assert f"client={jobs['queued'].client_id}" in entry.target
-    assert admin_client.get(f"/admin/jobs/operatoraction/{entry.id}/change/").status_code == 200
+    assert admin_client.get(f"/admin/operators/operatoraction/{entry.id}/change/").status_code == 200
 
 
 def test_a_retry_says_it_pays_again_with_its_worst_case_and_starts_a_new_run(admin_client, jobs):
@@ -195,7 +196,7 @@ def test_a_report_that_failed_before_its_first_step_previews_a_retry_of_every_ca
 def test_a_job_with_thousands_of_rows_shows_its_newest_entries_and_all_on_demand(admin_client, jobs):
     from datetime import timedelta
 
-    from jobs.timeline import SHOWN
+    from operators.timeline import SHOWN
 
     job, start = jobs["done"], timezone.now()
     Attempt.objects.bulk_create([
@@ -239,7 +240,7 @@ def _choices(response, title: str) -> list[str]:
 
 def test_the_filters_list_the_clients_with_jobs_and_the_models_the_newest_jobs_name(admin_client, jobs, make_api,
                                                                                     monkeypatch):
-    from jobs.admin import ModelFilter
+    from operators.admin.jobs import ModelFilter
 
     make_api("idle")  # a client with no job
     response = admin_client.get("/admin/jobs/job/")
@@ -288,8 +289,8 @@ def test_the_job_page_opens_with_each_runs_attempts_paid_cost_and_outcome(admin_
 
 
 def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_total(admin_client):
-    from billing.models import Order
-    from billing.orders import order_create
+    from orders.models import Order
+    from orders.services import order_create
     from jobs.models import Report
     from jobs.reports import chapter_save, report_from_token, report_load
     from tests.test_admin_spend import make_client, media_job, order_data
@@ -323,7 +324,7 @@ def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_t
 
 
 def test_a_reports_output_is_its_link_so_the_output_url_is_404_not_a_500(admin_client):
-    from billing.orders import order_create
+    from orders.services import order_create
     from tests.test_admin_spend import make_client, order_data
 
     order, _ = order_create(client=make_client("shop"), data=order_data("pi_1"))

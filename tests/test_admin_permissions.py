@@ -18,10 +18,11 @@ from django.db import transaction
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
-from billing.models import Order
-from billing.orders import order_create
+from orders.models import Order
+from orders.services import order_create
 from executor.store import client_store
-from jobs.models import Client, Job, JobStatus, OperatorAction
+from jobs.models import Client, Job, JobStatus
+from operators.models import OperatorAction
 from jobs.reports import report_load
 from jobs.services import client_create, job_create, job_finish
 from tests.conftest import HOOK_URL
@@ -31,14 +32,14 @@ from webhooks.services import delivery_create
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 PASSWORD = "correct horse battery staple 7"
-VIEW = ["jobs.view_job", "billing.view_order", "webhooks.view_deadletter", "webhooks.view_delivery",
+VIEW = ["jobs.view_job", "orders.view_order", "webhooks.view_deadletter", "webhooks.view_delivery",
         "billing.view_budgetmonth"]
 PROFILES = {  # user -> the permissions they hold (superuser: all)
     "nobody": [],
     "viewer": VIEW,
     "canceller": [*VIEW, "jobs.cancel_job"],
     "retrier": [*VIEW, "jobs.retry_job"],
-    "rerunner": [*VIEW, "billing.rerun_order"],
+    "rerunner": [*VIEW, "orders.rerun_order"],
     "replayer": [*VIEW, "webhooks.replay_delivery"],
     "root": None,
 }
@@ -118,8 +119,8 @@ def reads(w: World) -> list[tuple[str, str]]:
         ("jobs:list", "/admin/jobs/job/"),
         ("jobs:page", f"/admin/jobs/job/{w.failed.id}/change/"),
         ("jobs:output", f"/admin/jobs/job/{w.done.id}/output/"),
-        ("orders:list", "/admin/billing/order/"),
-        ("orders:page", f"/admin/billing/order/{w.order.id}/change/"),
+        ("orders:list", "/admin/orders/order/"),
+        ("orders:page", f"/admin/orders/order/{w.order.id}/change/"),
         ("letters:list", "/admin/webhooks/deadletter/"),
         ("letters:page", f"/admin/webhooks/deadletter/{w.letter.id}/change/"),
         ("deliveries:list", "/admin/webhooks/delivery/"),
@@ -127,7 +128,7 @@ def reads(w: World) -> list[tuple[str, str]]:
     ]
 
 
-READ_NEEDS = {"jobs": "jobs.view_job", "orders": "billing.view_order", "letters": "webhooks.view_deadletter",
+READ_NEEDS = {"jobs": "jobs.view_job", "orders": "orders.view_order", "letters": "webhooks.view_deadletter",
               "deliveries": "webhooks.view_delivery", "spend": "billing.view_budgetmonth"}
 
 
@@ -143,9 +144,9 @@ def acts(w: World) -> list[tuple[str, str, dict, str]]:
         ("replay:bulk", f"/admin/jobs/job/bulk/replay/?id={w.failed.id}", {}, "webhooks.replay_delivery"),
         ("replay:selected", "/admin/jobs/job/", {"action": "replay_selected", "_selected_action": w.failed.id},
          "webhooks.replay_delivery"),
-        ("rerun:one", f"/admin/billing/order/{w.order.id}/rerun/", {}, "billing.rerun_order"),
-        ("rerun:selected", "/admin/billing/order/", {"action": "rerun", "_selected_action": w.order.id},
-         "billing.rerun_order"),
+        ("rerun:one", f"/admin/orders/order/{w.order.id}/rerun/", {}, "orders.rerun_order"),
+        ("rerun:selected", "/admin/orders/order/", {"action": "rerun", "_selected_action": w.order.id},
+         "orders.rerun_order"),
         ("letter:one", f"/admin/webhooks/deadletter/{w.letter.id}/replay/", {}, "webhooks.replay_delivery"),
         ("letter:matching", f"/admin/webhooks/deadletter/replay/?q={w.letter.job_id}", {}, "webhooks.replay_delivery"),
         ("letter:selected", "/admin/webhooks/deadletter/",
@@ -210,7 +211,7 @@ def test_every_admin_url_answers_exactly_as_the_users_permissions_say_and_a_refu
     paying_jobs = {str(job.id) for job in allowed_runs}
     assert {charge["metadata"].get("payonce_job") for charge in new_charges} <= paying_jobs
     refused_users = [name for name, perms in PROFILES.items()
-                     if not holds(perms, "jobs.retry_job") and not holds(perms, "billing.rerun_order")]
+                     if not holds(perms, "jobs.retry_job") and not holds(perms, "orders.rerun_order")]
     assert not Job.objects.filter(run__gt=1, client__name__startswith=tuple(f"shop-{n}" for n in refused_users)).exists()
 
 

@@ -20,12 +20,13 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from billing import services
-from billing.models import Order
-from billing.orders import order_create
+from orders.models import Order
+from orders.services import order_create
 from billing.selectors import month_spend
 from executor.models import Attempt, AttemptState
-from jobs.models import Client, Job, JobStatus, OperatorAction
-from jobs.operations import preview_jobs
+from jobs.models import Client, Job, JobStatus
+from operators.models import OperatorAction
+from operators.operations import preview_jobs
 from jobs.reports import report_load
 from jobs.services import client_create, job_create
 from tests.conftest import HOOK_URL
@@ -56,7 +57,7 @@ def media_job(client: Client, key: str) -> Job:
 def spend(job: Job, key: str, amount: str, cost: str | None | bool = False, at: datetime | None = None) -> None:
     """Reserve `amount`; then settle at `cost` (None: unpriced), or leave it held (cost False)."""
     assert services.reserve(client_id=job.client_id, job_id=job.id, key=key, model="sandbox/video-keyed",
-                            amount=D(amount), at=at)
+                            amount=D(amount), guard="true", at=at)
     if cost is not False:
         assert services.settle(key=key, cost=None if cost is None else D(cost))
 
@@ -126,7 +127,8 @@ def test_the_spend_page_shows_each_clients_month_as_get_v1_spend_gives_it(admin_
     spend(job, "a-unpriced", "0.10", None)  # nobody could price it: spent at its whole reservation
     uncertain = Attempt.objects.create(job=job, run=1, number=9, provider="sandbox", model="video-keyed",
                                        upstream_key=f"payonce-{job.id}-9", state=AttemptState.UNCERTAIN, sends=1)
-    spend(job, uncertain.upstream_key, "0.40")  # held for an attempt whose outcome nobody knows
+    spend(job, uncertain.upstream_key, "0.40")  # held for an attempt whose outcome nobody knows ...
+    services.hold_unpriced(key=uncertain.upstream_key)  # ... marked so with the attempt's end, as the executor does
     other = media_job(globex, "g-1")
     spend(other, "g-1", "1.00", "0.70")
     services.fold(client_id=globex.id, month=services.month_of(timezone.now()))  # globex's counters are folded
@@ -280,14 +282,14 @@ def test_the_order_list_shows_each_orders_cost_in_the_same_statements_for_any_nu
     attempt(first.job, 1, "0.003126")
     attempt(first.job, 2, None)
     with CaptureQueriesContext(connection) as one:
-        listing = admin_client.get("/admin/billing/order/").content.decode()
+        listing = admin_client.get("/admin/orders/order/").content.decode()
     assert "0.003126" in listing
 
     for n in range(2, 6):
         order, _ = order_create(client=client, data=order_data(f"pi_{n}", run=f"run-{n}"))
         attempt(order.job, 1, "0.001000")
     with CaptureQueriesContext(connection) as five:
-        listing = admin_client.get("/admin/billing/order/").content.decode()
+        listing = admin_client.get("/admin/orders/order/").content.decode()
     assert listing.count("0.001000") == 4 and "0.003126" in listing
     assert len(five) == len(one)
 
@@ -328,18 +330,18 @@ def test_an_order_re_run_asks_for_a_reason_then_re_runs_only_failed_or_waiting_r
     duplicate, _ = order_create(client=client, data=order_data("pi_4", run="run-1"))
     chosen = {"action": "rerun", "_selected_action": [str(o.id) for o in (failed, waiting, succeeded, duplicate)]}
 
-    asked = admin_client.post("/admin/billing/order/", chosen)
+    asked = admin_client.post("/admin/orders/order/", chosen)
     text = asked.content.decode()
     assert asked.status_code == 200 and 'data-testid="pays-again"' in text
     assert 'data-acting="2"' in text and 'data-matched="3"' in text  # the duplicate has no report
     worst = preview_jobs(action="rerun", jobs=Job.objects.filter(id__in=[failed.job_id, waiting.job_id]), target="")
     assert worst.worst_case_usd > 0 and f"${worst.worst_case_usd}" in text
 
-    refused = admin_client.post("/admin/billing/order/", {**chosen, "index": "0", "confirm": "yes", "reason": " "})
+    refused = admin_client.post("/admin/orders/order/", {**chosen, "index": "0", "confirm": "yes", "reason": " "})
     assert refused.status_code == 200 and "a reason is required" in refused.content.decode()
     assert set(Job.objects.values_list("run", flat=True)) == {1} and not OperatorAction.objects.exists()
 
-    done = admin_client.post("/admin/billing/order/", {**chosen, "index": "0", "confirm": "yes",
+    done = admin_client.post("/admin/orders/order/", {**chosen, "index": "0", "confirm": "yes",
                                                         "reason": "the provider was down on the 1st"})
     assert done.status_code == 302
     runs = dict(Job.objects.values_list("id", "run"))
@@ -349,24 +351,24 @@ def test_an_order_re_run_asks_for_a_reason_then_re_runs_only_failed_or_waiting_r
     [entry] = OperatorAction.objects.all()
     assert (entry.action, entry.who, entry.via, entry.matched, entry.acted, entry.reason) == (
         "rerun", "admin", "admin", 3, 2, "the provider was down on the 1st")
-    shown = admin_client.get("/admin/billing/order/", follow=True).content.decode()
-    assert reverse("admin:jobs_operatoraction_change", args=[entry.id]) in shown
+    shown = admin_client.get("/admin/orders/order/", follow=True).content.decode()
+    assert reverse("admin:operators_operatoraction_change", args=[entry.id]) in shown
 
 
 def test_one_orders_page_has_a_re_run_button_through_the_same_confirmation(admin_client):
     client = make_client("shop")
     failed = report_order(client, "pi_1", "run-1", JobStatus.FAILED)
     succeeded = report_order(client, "pi_2", "run-2", JobStatus.SUCCEEDED)
-    rerun_url = reverse("admin:billing_order_rerun", args=[failed.id])
-    assert rerun_url in admin_client.get(f"/admin/billing/order/{failed.id}/change/").content.decode()
-    ended = admin_client.get(f"/admin/billing/order/{succeeded.id}/change/").content.decode()
+    rerun_url = reverse("admin:orders_order_rerun", args=[failed.id])
+    assert rerun_url in admin_client.get(f"/admin/orders/order/{failed.id}/change/").content.decode()
+    ended = admin_client.get(f"/admin/orders/order/{succeeded.id}/change/").content.decode()
     assert 'data-testid="rerun"' not in ended and "pi_2" in ended
 
     asked = admin_client.get(rerun_url).content.decode()
     assert 'data-acting="1"' in asked and 'data-testid="pays-again"' in asked
     assert Job.objects.get(id=failed.job_id).run == 1
     done = admin_client.post(rerun_url, {"confirm": "yes", "reason": "customer asked"})
-    assert done.status_code == 302 and done["Location"] == f"/admin/billing/order/{failed.id}/change/"
+    assert done.status_code == 302 and done["Location"] == f"/admin/orders/order/{failed.id}/change/"
     assert Job.objects.get(id=failed.job_id).run == 2
     [entry] = OperatorAction.objects.all()
     assert (entry.action, entry.acted, entry.matched) == ("rerun", 1, 1) and str(failed.id) in entry.target

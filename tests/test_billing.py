@@ -12,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from billing import rates, services
+from billing import months, rates, services
 from billing.models import BudgetMonth, ModelPrice, Reservation
 from billing.selectors import month_totals
 from executor import attempts
@@ -145,7 +145,7 @@ def job_of(client, **overrides) -> Job:
 
 def reserve(job, key, amount, at=None) -> bool:
     return services.reserve(client_id=job.client_id, job_id=job.id, key=key, model="sandbox/video-keyed",
-                            amount=D(amount), at=at)
+                            amount=D(amount), guard=Job.NOT_CANCELLED_SQL, at=at)
 
 
 def month_row(client, at=None) -> SimpleNamespace:
@@ -289,7 +289,7 @@ def test_a_blind_uncertain_attempt_keeps_its_reservation_until_a_person_decides(
     job = job_of(client, models=["sandbox/image-blind"], input={"prompt": "lost", "render_s": 0})
     ledger.faults([{"model": "image-blind", "action": "accept_then_drop"}])
     assert run_media(job) == workflow.Stop("held: UNCERTAIN_SUBMIT")
-    assert reservations(job) == [("held", D("0.04"), None, False)]
+    assert reservations(job) == [("held", D("0.04"), None, True)]  # held, and counted unpriced meanwhile
     assert month_row(client).reserved == D("0.04")
     job.refresh_from_db()
     job_retry(job=job)  # a person decides to pay again: the uncertain one may have been paid
@@ -331,7 +331,8 @@ def unit_worst_case() -> Decimal:
 def fanout_recipe() -> Recipe:
     def preflight(ctx):
         if not services.fanout_reserve(client_id=ctx.job.client_id, job_id=ctx.job.id, key=f"fanout-{ctx.job.id}",
-                                       units=len(UNITS), unit_worst_case=unit_worst_case()):
+                                       units=len(UNITS), unit_worst_case=unit_worst_case(),
+                                       guard=ctx.job.NOT_CANCELLED_SQL):
             raise JobFailure("BUDGET_EXCEEDED", "the fan-out's worst case does not fit")
         return {"reserved": True}
 
@@ -427,7 +428,7 @@ def test_spend_answers_the_month_as_the_contract_says(api):
     month = timezone.now()
     assert answer == {
         "month": f"{month:%Y-%m}",
-        "resets_at": f"{services.next_month(services.month_of(month)):%Y-%m-%d}T00:00:00Z",
+        "resets_at": f"{months.next_month(months.month_of(month)):%Y-%m-%d}T00:00:00Z",
         "cap_usd": "20.000000", "spent_usd": "0.400000", "reserved_usd": "0.040000", "headroom_usd": "19.560000",
         "unpriced_attempts": 0,
         "by_model": [{"model": "sandbox/video-keyed", "spent_usd": "0.400000", "attempts": 2, "unpriced_attempts": 0}],

@@ -13,10 +13,9 @@ from datetime import datetime, timezone
 
 import pytest
 import requests
-from django.conf import settings
 from standardwebhooks.webhooks import Webhook
 
-from executor import policy
+from executor import callbacks, policy
 from executor.models import Attempt
 from jobs.models import Step
 from jobs.services import client_create
@@ -42,7 +41,7 @@ def polls_of(ledger, job_id: str) -> list[dict]:
             and c["model"]]
 
 
-def signed(body: dict, *, secret: str = settings.SANDBOX_CALLBACK_SECRET, message_id: str | None = None,
+def signed(body: dict, *, secret: str = callbacks.secret_of("sandbox"), message_id: str | None = None,
            at: datetime | None = None) -> tuple[str, dict]:
     message_id = message_id or f"msg-{uuid.uuid4()}"
     text = json.dumps(body)

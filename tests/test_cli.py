@@ -1,6 +1,6 @@
-"""The operators' CLI (jobs/management/cli.py and its commands) against the real test database: in process
+"""The operators' CLI (operators/cli.py and its commands) against the real test database: in process
 through call_command, and as real `manage.py` processes (exit codes, what a pipe and a terminal get). The
-actions must act and count as jobs.operations does for the admin: one audit row, only the matching rows."""
+actions must act and count as operators.operations does for the admin: one audit row, only the matching rows."""
 
 import io
 import json
@@ -21,8 +21,9 @@ from billing import services as billing
 from billing.selectors import month_spend
 from executor.models import Attempt
 from jobs import reports, selectors
-from jobs.models import Client, Job, JobStatus, OperatorAction
-from jobs.operations import retry_worst_case
+from jobs.models import Client, Job, JobStatus
+from operators.models import OperatorAction
+from operators.operations import retry_worst_case
 from jobs.services import client_create, job_finish
 from tests.conftest import WEBHOOK_TEST_ENV, media_body
 from tests.support.procs import REPO_ROOT, process_env
@@ -232,11 +233,12 @@ def test_spend_shows_each_clients_month_as_month_spend_does(db):
     now = timezone.now()
     last_month = billing.month_of(now.replace(day=1) - timedelta(days=1))
     for key, amount in (("a", "0.40"), ("b", "0.30"), ("c", "0.20")):
-        assert billing.reserve(client_id=acme.id, job_id=job.id, key=key, model="sandbox/video-keyed", amount=Decimal(amount))
+        assert billing.reserve(client_id=acme.id, job_id=job.id, key=key, model="sandbox/video-keyed", amount=Decimal(amount),
+                               guard="true")
     billing.settle(key="a", cost=Decimal("0.25"))
     billing.settle(key="b", cost=None)  # unpriced: all of its reservation is spent
     assert billing.reserve(client_id=zeta.id, job_id=other.id, key="z", model="sandbox/image-lookup",
-                           amount=Decimal("1.5"), at=datetime.combine(last_month, datetime.min.time(), dt_timezone.utc))
+                           amount=Decimal("1.5"), guard="true", at=datetime.combine(last_month, datetime.min.time(), dt_timezone.utc))
     billing.settle(key="z", cost=Decimal("1.25"))
 
     code, out, err = command("spend", "--json")

@@ -1,4 +1,4 @@
-"""GET /metrics (config.metrics): after a real run (the `web` process, a `worker`, the `webhooks` worker and
+"""GET /metrics (operators.metrics): after a real run (the `web` process, a `worker`, the `webhooks` worker and
 the sandbox with faults), every figure a scrape over HTTP shows is checked against the database, the
 sandbox's own call log, and billing's selectors; then the protection, the bounded labels and the Grafana
 dashboard's expressions."""
@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import BudgetMonth
 from billing.selectors import month_spend
-from billing.services import month_of
+from billing.months import month_of
 from config import metrics
+from operators import metrics as collector
 from config.celery import app
 from executor.models import Attempt
 from jobs.models import Client, Job, JobKind, JobStatus, Step, StepStatus
@@ -351,11 +352,11 @@ def test_many_models_are_summed_under_other_beyond_the_bound(settings):
     Attempt.objects.bulk_create([
         Attempt(job=job, run=1, number=n, provider="openai", model=f"model-{n:04d}", upstream_key=f"k-{n}",
                 state="failed", error_class="made_up_class" if n == 1 else "refused")
-        for n in range(1, metrics.MAX_MODELS + 11)])
+        for n in range(1, collector.MAX_MODELS + 11)])
     samples = series(local_scrape(), "payonce_attempts")
     models = {dict(labels)["model"] for labels in samples}
-    assert len(models) == metrics.MAX_MODELS + 1 and "other" in models
-    assert sum(samples.values()) == metrics.MAX_MODELS + 10
+    assert len(models) == collector.MAX_MODELS + 1 and "other" in models
+    assert sum(samples.values()) == collector.MAX_MODELS + 10
     assert {dict(labels)["error_class"] for labels in samples} == {"refused", "other"}
 
 

@@ -8,8 +8,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from billing.models import Order
-from jobs.models import Job, OperatorAction, Report
+from orders.models import Order
+from jobs.models import Job, Report
+from operators.models import OperatorAction
 from jobs.reports import report_from_token
 from tests.support.books import assert_books_balance
 from tests.test_reports import CHAPTERS, SUBJECT, report_body, wait_ended
@@ -82,11 +83,11 @@ def test_the_admin_shows_a_duplicates_own_email_where_the_link_went_and_what_it_
     duplicate = post_order(api, order_body(payment="pi_2", email="someone.else@example.com")).json()
     Order.objects.filter(id=duplicate["id"]).update(mailed_at=timezone.now(), mailed_to="buyer@example.com")
 
-    page = admin_client.get(f"/admin/billing/order/{duplicate['id']}/change/").content.decode()
+    page = admin_client.get(f"/admin/orders/order/{duplicate['id']}/change/").content.decode()
 
     assert "someone.else@example.com" in page  # the email the duplicate gave
     assert "link mailed to" in page.lower() and "buyer@example.com" in page  # where the existing link went
-    assert f"/admin/billing/order/{paid['id']}/change/" in page and "order pi_1 (paid)" in page
+    assert f"/admin/orders/order/{paid['id']}/change/" in page and "order pi_1 (paid)" in page
 
 
 def test_another_clients_order_is_404(api, make_api):
@@ -225,18 +226,18 @@ def test_the_admin_shows_cost_per_order_and_re_runs_only_after_a_confirmation(ad
 
     order = post_order(api, order_body()).json()
     Job.objects.filter(id=order["job_id"]).update(status=JobStatus.FAILED)
-    listing = admin_client.get("/admin/billing/order/").content.decode()
+    listing = admin_client.get("/admin/orders/order/").content.decode()
     assert "pi_1" in listing and "natal-chart" in listing
 
     chosen = {"action": "rerun", "_selected_action": [order["id"]]}
-    asked = admin_client.post("/admin/billing/order/", chosen)
+    asked = admin_client.post("/admin/orders/order/", chosen)
     assert asked.status_code == 200 and "pays again" in asked.content.decode()
     assert Job.objects.get(id=order["job_id"]).run == 1  # nothing happened yet
-    refused = admin_client.post("/admin/billing/order/", {**chosen, "confirm": "yes", "reason": ""})
+    refused = admin_client.post("/admin/orders/order/", {**chosen, "confirm": "yes", "reason": ""})
     assert refused.status_code == 200 and "a reason is required" in refused.content.decode()
     assert Job.objects.get(id=order["job_id"]).run == 1 and not OperatorAction.objects.exists()
 
-    done = admin_client.post("/admin/billing/order/", {**chosen, "confirm": "yes", "reason": "the buyer asked"})
+    done = admin_client.post("/admin/orders/order/", {**chosen, "confirm": "yes", "reason": "the buyer asked"})
     assert done.status_code == 302
     job = Job.objects.get(id=order["job_id"])
     assert (job.run, job.status) == (2, "queued")

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.models import Order, Reservation
+from billing.models import Reservation
 from executor.models import Attempt
 from jobs.models import Job, Report, ReportChapter
 from tests.support.books import assert_books_balance

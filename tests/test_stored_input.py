@@ -11,7 +11,7 @@ import pytest
 from django.db import DataError, IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from billing.models import Order
+from orders.models import Order
 from config.db import db_error_recurs
 from jobs import runner, sweeper
 from jobs.models import Job, JobStatus, Step, StepStatus

@@ -273,7 +273,7 @@ def test_the_admin_lists_dead_letters_with_their_envelope_and_tries_and_replays_
     assert asked.status_code == 200 and Delivery.objects.get(id=delivery.id).status == "dead"
     replay = admin_client.post("/admin/webhooks/delivery/", {**chosen, "confirm": "yes", "reason": "receiver fixed"})
     assert replay.status_code == 302
-    from jobs.models import OperatorAction
+    from operators.models import OperatorAction
 
     assert OperatorAction.objects.get().reason == "receiver fixed"
     replayed = Delivery.objects.get(id=delivery.id)

@@ -79,7 +79,7 @@ class Delivery(models.Model):
         ]
         verbose_name_plural = "deliveries"
         # Replaying (a delivery, a dead letter, a job's deliveries) sends a stored envelope again: an action
-        # of its own, not implied by reading deliveries (webhooks.admin, jobs.admin).
+        # of its own, not implied by reading deliveries (operators.admin.webhooks, operators.admin.jobs).
         permissions = [("replay_delivery", "Can replay webhook deliveries (the stored envelope, same webhook-id)")]
 
     def __str__(self):
@@ -109,7 +109,7 @@ class DeliveryAttempt(models.Model):
 
 class DeadLetter(Delivery):
     """A delivery that ran out of tries (status `dead`), for the operators' dead letters admin: the same
-    rows, listed on their own (webhooks.admin.DeadLetterAdmin keeps only the dead ones)."""
+    rows, listed on their own (operators.admin.webhooks.DeadLetterAdmin keeps only the dead ones)."""
 
     class Meta:
         proxy = True

@@ -1,4 +1,4 @@
-"""Reads of the delivery outbox for the operators' views and actions (jobs.operations)."""
+"""Reads of the delivery outbox for the operators' views and actions (operators.operations)."""
 
 from django.db.models import QuerySet
 

@@ -30,6 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
+from config.celery import app
 from config.logs import log_event
 from config.retry import jittered, parse_retry_after
 from config.sql import insert_ignore
@@ -176,10 +177,8 @@ NO_URL = "no webhook URL any more: the job names none and the client's endpoint 
 
 def _enqueue_on_commit(ident: str, token: datetime) -> None:
     def enqueue():
-        from webhooks.tasks import deliver
-
-        try:
-            deliver.delay(ident, token.isoformat())
+        try:  # by name: webhooks.tasks.deliver, which calls back into this module
+            app.send_task("webhooks.deliver", (ident, token.isoformat()))
         except Exception:  # the broker is down: the drainer sends the row once it is due
             logger.exception("could not enqueue delivery %s; the drainer will send it", ident)
 

@@ -4,23 +4,17 @@ fixtures unless REAL_PROVIDERS is on (executor.providers.real)."""
 
 from functools import lru_cache
 
+from executor.providers.anthropic import AnthropicProvider
+from executor.providers.openai_compat import OpenAICompatibleProvider
+from executor.providers.replicate import ReplicateProvider
+from executor.providers.sandbox import SandboxProvider
+
+ADAPTERS = {"sandbox": SandboxProvider, "anthropic": AnthropicProvider, "openai": OpenAICompatibleProvider,
+            "replicate": ReplicateProvider}
+
 
 @lru_cache(maxsize=None)
 def provider_for(name: str):
-    if name == "sandbox":
-        from executor.providers.sandbox import SandboxProvider
-
-        return SandboxProvider()
-    if name == "anthropic":
-        from executor.providers.anthropic import AnthropicProvider
-
-        return AnthropicProvider()
-    if name == "openai":
-        from executor.providers.openai_compat import OpenAICompatibleProvider
-
-        return OpenAICompatibleProvider()
-    if name == "replicate":
-        from executor.providers.replicate import ReplicateProvider
-
-        return ReplicateProvider()
-    raise LookupError(f"no adapter for provider {name!r}")
+    if name not in ADAPTERS:
+        raise LookupError(f"no adapter for provider {name!r}")
+    return ADAPTERS[name]()

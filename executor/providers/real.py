@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from executor.providers import http
+from executor.providers.replay import replay_session_key
 from executor.providers.base import ErrorClass, ProviderError
 
 REAL_PROVIDER_NAMES = ("anthropic", "openai", "replicate")
@@ -95,8 +96,6 @@ def send(method: str, url: str, *, base_url: str, replay: bool | None = None, **
     URL, so a recorded answer can never fall through to the network, and the real session for the same
     base URL is never touched."""
     if replaying(replay):
-        from executor.providers.replay import replay_session_key
-
         return http.send(method, url, base_url=replay_session_key(base_url), **kwargs)
     return http.send(method, url, base_url=base_url, **kwargs)
 

@@ -1,0 +1,30 @@
+"""The messages that move a job: a run's chain of stages, and the stop of a cancelled job's upstream work.
+Sent by task name (jobs.tasks defines the tasks), so that the services that enqueue on commit do not
+import the tasks, which import the runner, which calls the services."""
+
+from config.celery import app
+from jobs.workflow import RECIPES
+
+RUN_STAGE, RUN_SUBSTEP, STOP_UPSTREAM = "jobs.run_stage", "jobs.run_substep", "jobs.stop_upstream"
+
+
+def start_run(job_id, run: int, kind: str = "media", from_stage: int = 0, countdown: float = 0.0, *,
+              root_id: str | None = None, rung: bool = False) -> None:
+    """Enqueue the chain of a run's stages from `from_stage`, one link per stage. A link finds its steps
+    done when an earlier link ran its stage inline, and the link that runs the last stage ends the chain.
+    A link whose stage waits is sent when its first look is due (Continue's countdown).
+
+    `root_id` sends the chain as part of an existing one (the chain holding a polling lease), and `rung`
+    says a provider called back: the waiting stage looks at once (jobs.services.job_wake)."""
+    first, *rest = RECIPES[kind].stages[from_stage:]
+    links = [app.signature(RUN_STAGE, (str(job_id), run, stage.name), immutable=True) for stage in rest]
+    # The chain travels in the first message (Celery's own `chain` field, links in reverse order), as
+    # canvas.chain would send it, without freezing every link up front: this runs in every POST.
+    app.send_task(RUN_STAGE, (str(job_id), run, first.name), {"rung": True} if rung else None,
+                  countdown=countdown or None, root_id=root_id,
+                  chain=[dict(link) for link in reversed(links)] or None)
+
+
+def stop_upstream(job_id, run: int, countdown: float | None = None) -> None:
+    """A cancel won: stop the job's upstream work now rather than at its next poll (or after `countdown`)."""
+    app.send_task(STOP_UPSTREAM, (str(job_id), run), countdown=countdown)

@@ -1,0 +1,249 @@
+"""Webhook endpoints, the delivery outbox and its tries, and the dead letters (deliveries that ran out of
+tries): their envelope, every try, and replay, one or many, through the operators' one confirmation
+(operators.adminkit) and audit row (operators.operations). A replay sends the stored envelope again and pays nothing."""
+
+import json
+import uuid
+
+from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models.functions import Length, Substr
+from django.http import Http404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from operators import adminkit, operations
+from webhooks.models import DeadLetter, Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
+from webhooks.services import endpoint_enable
+
+BODY_SHOWN = 500  # characters of a try's response body on the page (the row keeps up to 20 kB)
+NOTHING_PAID = ("a replay sends the stored envelope again under the same webhook-id (receivers dedupe on it); "
+                "no provider is called.")
+
+
+def _search(queryset, term: str):
+    """A job id finds its deliveries; anything else is a webhook-id or its start (`{job}:{run}:{event}`,
+    so a run's deliveries too), both answered by an index."""
+    term = (term or "").strip()
+    if not term:
+        return queryset
+    try:
+        return queryset.filter(job_id=uuid.UUID(term))
+    except ValueError:
+        return queryset.filter(id__startswith=term)
+
+
+def _selection(request, action: str, noun: str) -> tuple[str, list]:
+    """What a list action posted, as the audit target, and the fields the confirmation posts back."""
+    across, selected, hidden = adminkit.selection(request, action)
+    target = (f"{noun} matching {adminkit.describe_filter(request.GET) or 'every row'}" if across
+              else f"{noun}: ids={len(selected)} selected")
+    return target, hidden
+
+
+class DeliveryAttemptInline(admin.TabularInline):
+    model = DeliveryAttempt
+    extra = 0
+    can_delete = False
+    fields = ("number", "attempted_at", "url", "status_code", "duration_ms", "error", "response_body")
+    readonly_fields = fields
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    list_display = ("id", "event", "status", "attempts", "last_status_code", "next_attempt_at", "created_at")
+    list_filter = ("status", "event")
+    search_fields = ("id", "job__id")
+    readonly_fields = [f.name for f in Delivery._meta.fields]
+    inlines = [DeliveryAttemptInline]
+    actions = ["replay"]
+
+    def has_replay_permission(self, request):
+        return self.has_view_permission(request) and request.user.has_perm("webhooks.replay_delivery")
+
+    def changelist_view(self, request, extra_context=None):
+        adminkit.refuse_unheld_action(self, request)
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Replay: send the stored envelope again, same webhook-id…", permissions=["replay"])
+    def replay(self, request, queryset):
+        queryset = queryset.select_related(None)  # the replay reads ids only
+        target, hidden = _selection(request, "replay", "deliveries")
+        return adminkit.confirm_or_act(
+            self, request, back=request.get_full_path(), done="{entry.acted} of {entry.matched} deliveries sent again",
+            act=lambda **who_and_reason: operations.deliveries_replay_rows(deliveries=queryset, target=target,
+                                                                           via="admin", **who_and_reason),
+            preview=lambda: operations.deliveries_preview(deliveries=queryset, target=target),
+            title="Replay deliveries", verb="replay", hidden=hidden, back_label="Deliveries",
+            nothing_paid=NOTHING_PAID)
+
+
+# --- dead letters ---------------------------------------------------------------------------------------
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    """The deliveries that ran out of tries (only `dead` rows): who and what each was for, how it failed,
+    its envelope and every try on its page, and replay, one, the selection or every match of the filter."""
+
+    list_display = ("webhook_id", "client_name", "job_link", "event", "tries", "last_status_code", "error_start",
+                    "created_at")
+    list_filter = ("event", ("client", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("id",)  # shows the search box; the search itself is _search (get_search_results)
+    search_help_text = "A webhook-id (or its start) or a job id."
+    list_select_related = ("client",)
+    ordering = ("-created_at", "-id")
+    actions = ["replay_selected"]
+    change_list_template = "admin/webhooks/deadletter/change_list.html"
+
+    def get_queryset(self, request):
+        # The envelope is read on a dead letter's own page, never for the list.
+        return super().get_queryset(request).filter(status=DeliveryStatus.DEAD).defer("envelope")
+
+    def get_search_results(self, request, queryset, search_term):
+        return _search(queryset, search_term), False
+
+    @admin.display(description="webhook-id", ordering="id")
+    def webhook_id(self, row):
+        return row.id
+
+    @admin.display(description="client", ordering="client__name")
+    def client_name(self, row):
+        return row.client.name
+
+    @admin.display(description="job")
+    def job_link(self, row):
+        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[row.job_id]), row.job_id)
+
+    @admin.display(description="tries", ordering="attempts")
+    def tries(self, row):
+        return row.attempts
+
+    @admin.display(description="last error")
+    def error_start(self, row):
+        return row.last_error if len(row.last_error) <= 120 else row.last_error[:120] + "…"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a dead letter changes only by a replay (its button, or the list's action)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # an event that happened: replay it, never delete it
+
+    def has_replay_permission(self, request):
+        """Replaying sends the stored envelope again: webhooks.replay_delivery, beside reading dead letters."""
+        return self.has_view_permission(request) and request.user.has_perm("webhooks.replay_delivery")
+
+    def changelist_view(self, request, extra_context=None):
+        adminkit.refuse_unheld_action(self, request)
+        query = request.GET.urlencode()
+        replay_all = (reverse("admin:webhooks_deadletter_replay_matching") + (f"?{query}" if query else "")
+                      if self.has_replay_permission(request) else "")
+        return super().changelist_view(request, {**(extra_context or {}), "replay_matching_url": replay_all})
+
+    # --- a dead letter's page ---------------------------------------------------------------------------
+
+    def get_urls(self):
+        own = [
+            path("replay/", self.admin_site.admin_view(self.replay_matching_view),
+                 name="webhooks_deadletter_replay_matching"),
+            path("<path:object_id>/replay/", self.admin_site.admin_view(self.replay_one_view),
+                 name="webhooks_deadletter_replay"),
+        ]
+        return own + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        letter = DeadLetter.objects.select_related("client").filter(pk=unquote(object_id)).first()
+        if letter is None:
+            raise Http404("No such delivery.")
+        tries = (DeliveryAttempt.objects.filter(delivery_id=letter.id).order_by("number").defer("response_body")
+                 .annotate(body_start=Substr("response_body", 1, BODY_SHOWN), body_length=Length("response_body")))
+        return TemplateResponse(request, "admin/webhooks/deadletter/page.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "title": f"Dead letter {letter.id}",
+            "letter": letter, "dead": letter.status == DeliveryStatus.DEAD, "envelope": _pretty(letter.envelope),
+            "tries": tries, "body_shown": BODY_SHOWN, "url": letter.url or _endpoint_url(letter),
+            "job_url": reverse("admin:jobs_job_change", args=[letter.job_id]),
+            "replay_url": (reverse("admin:webhooks_deadletter_replay", args=[quote(letter.id)])
+                           if self.has_replay_permission(request) else ""),
+        })
+
+    # --- replay: one, the selection, every match --------------------------------------------------------
+
+    def replay_one_view(self, request, object_id):
+        if not self.has_replay_permission(request):
+            raise PermissionDenied  # the confirmation page (GET) as well as the replay (POST)
+        ident = unquote(object_id)
+        if not Delivery.objects.filter(id=ident).exists():
+            raise Http404("No such delivery.")
+        page = reverse("admin:webhooks_deadletter_change", args=[quote(ident)])
+        return self._confirm_and_replay(request, Delivery.objects.filter(id=ident), f"dead letter {ident}",
+                                        hidden=[], back=page, done=reverse("admin:webhooks_deadletter_changelist"))
+
+    def replay_matching_view(self, request):
+        """Every dead letter the list's filter and search match (its query string), not only one page."""
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        try:
+            letters = self.get_changelist_instance(request).get_queryset(request)
+        except IncorrectLookupParameters:
+            raise Http404("Unknown filter.") from None
+        query = request.GET.urlencode()
+        back = reverse("admin:webhooks_deadletter_changelist") + (f"?{query}" if query else "")
+        return self._confirm_and_replay(request, letters,
+                                        f"dead letters matching {adminkit.describe_filter(request.GET) or 'every row'}",
+                                        hidden=[], back=back)
+
+    @admin.action(description="Replay the selected dead letters…", permissions=["replay"])
+    def replay_selected(self, request, queryset):
+        target, hidden = _selection(request, "replay_selected", "dead letters")
+        return self._confirm_and_replay(request, queryset, target, hidden=hidden, back=request.get_full_path())
+
+    def _confirm_and_replay(self, request, letters, target, *, hidden, back, done=""):
+        letters = letters.select_related(None)  # the list's join of the client: the replay reads ids only
+        return adminkit.confirm_or_act(
+            self, request, back=back, done_url=done,
+            act=lambda **who_and_reason: operations.dead_letters_replay(deliveries=letters, target=target,
+                                                                        via="admin", **who_and_reason),
+            preview=lambda: operations.dead_letters_preview(deliveries=letters, target=target),
+            title="Replay dead letters", verb="replay", hidden=hidden, back_label="Dead letters",
+            skipped_why="not dead: delivered, or already being sent again", nothing_paid=NOTHING_PAID)
+
+
+def _pretty(envelope: str) -> str:
+    """The stored envelope indented for reading (the bytes sent stay as stored); as stored if not JSON."""
+    try:
+        return json.dumps(json.loads(envelope), indent=2, ensure_ascii=False)
+    except ValueError:
+        return envelope
+
+
+def _endpoint_url(letter) -> str:
+    endpoint = Endpoint.objects.filter(client_id=letter.client_id).only("url").first()
+    return f"(the client's endpoint) {endpoint.url}" if endpoint and endpoint.url else "(none: no URL was set)"
+
+
+class SigningSecretInline(admin.TabularInline):
+    model = SigningSecret
+    extra = 0
+    fields = ("created_at", "expires_at")
+    readonly_fields = fields
+
+
+@admin.register(Endpoint)
+class EndpointAdmin(admin.ModelAdmin):
+    list_display = ("client", "url", "disabled_at", "disabled_reason")
+    list_filter = (("disabled_at", admin.EmptyFieldListFilter),)
+    inlines = [SigningSecretInline]
+    actions = ["enable"]
+
+    @admin.action(description="Enable: take deliveries again (waiting ones are sent)")
+    def enable(self, request, queryset):
+        waiting = sum(endpoint_enable(endpoint=endpoint) for endpoint in queryset)
+        self.message_user(request, f"Enabled; {waiting} waiting deliveries are due now.", messages.SUCCESS)

@@ -1,0 +1,134 @@
+"""The admin's side of operators.operations: the one confirmation page every operator action shows (count
+preview, what it pays, a required reason) and the message after it, shared by the jobs, orders and dead
+letter admins; and the cells of the wide lists (short ids, client names, compact times)."""
+
+import uuid
+
+from django.contrib import messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from operators.operations import OperationRefused
+
+
+def confirm_page(request, admin_site, *, title: str, verb: str, preview, hidden, post_url: str = "",
+                 back_url: str = "", back_label: str = "", pays_again: bool = False, skipped_why: str = "",
+                 nothing_paid: str = "", reason_error: str = ""):
+    """Render the confirmation. `hidden` is a list of (name, value) posted back with it (the action and
+    the selection, or nothing when the target is in the URL's query string)."""
+    return TemplateResponse(request, "admin/payonce/confirm.html", {
+        **admin_site.each_context(request), "title": title, "verb": verb, "preview": preview,
+        "hidden": list(hidden), "post_url": post_url or request.get_full_path(), "back_url": back_url,
+        "back_label": back_label, "pays_again": pays_again, "skipped_why": skipped_why,
+        "nothing_paid": nothing_paid, "reason_error": reason_error, "reason": request.POST.get("reason", ""),
+    })
+
+
+def confirmed(request) -> bool:
+    return request.method == "POST" and request.POST.get("confirm") == "yes"
+
+
+def acted_message(model_admin, request, entry, *, done: str = "") -> None:
+    """The message after an action, linking to its audit row. `done` says what changed where the
+    default wording does not fit (a replay of chosen deliveries counts deliveries, not jobs)."""
+    link = reverse("admin:operators_operatoraction_change", args=[entry.id])
+    if done:
+        pass
+    elif entry.action == "replay":  # a job replay is counted in deliveries, over the jobs matched
+        done = f"{entry.acted} deliveries sent again, over {entry.matched} job{'s' if entry.matched != 1 else ''}"
+    else:
+        done = f"{entry.acted} of {entry.matched} changed"
+    model_admin.message_user(request, f"{entry.get_action_display()}: {done}. Audit row: {link}",
+                             messages.SUCCESS if entry.acted else messages.WARNING)
+
+
+def act_or_refuse(request, act):
+    """Run `act()` (a operators.operations call); an OperationRefused (no reason ...) becomes the page's error
+    instead of a 500. Returns (entry, error)."""
+    try:
+        return act(), ""
+    except OperationRefused as exc:
+        return None, str(exc)
+
+
+def confirm_or_act(model_admin, request, *, act, preview, back: str, done_url: str = "", done: str = "", **page):
+    """Every operator action's one flow: on a confirmed POST, `act(who=..., reason=...)` (a operators.operations
+    call that writes the audit row), its message, and a redirect to `done_url` (else `back`); otherwise, or
+    when the action was refused (no reason ...), the confirmation page with `preview()` and the error.
+    `page` is the rest of confirm_page's wording (title, verb, hidden, back_label, pays_again ...)."""
+    error = ""
+    if confirmed(request):
+        entry, error = act_or_refuse(request, lambda: act(who=request.user.get_username(),
+                                                          reason=request.POST.get("reason", "")))
+        if entry is not None:
+            acted_message(model_admin, request, entry, done=done.format(entry=entry) if done else "")
+            return redirect(done_url or back)
+    return confirm_page(request, model_admin.admin_site, preview=preview(), back_url=back, reason_error=error, **page)
+
+
+def refuse_unheld_action(model_admin, request) -> None:
+    """A list action posted by a user who does not hold its permission is a 403, not Django's silent list
+    page ("no action selected"): nothing is acted either way, and this answer says why."""
+    action = request.POST.get("action") if request.method == "POST" else None
+    if action and action not in model_admin.get_actions(request):
+        raise PermissionDenied
+
+
+def selection(request, action: str) -> tuple[bool, list[str], list[tuple[str, str]]]:
+    """What a list action posted: whether it is "select all" of the filter, the selected ids, and the
+    fields the confirmation posts back so the same action runs on the same rows."""
+    across = request.POST.get("select_across") == "1"
+    selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+    hidden = [("action", action), ("select_across", "1" if across else "0"), ("index", "0")]
+    return across, selected, hidden + [(ACTION_CHECKBOX_NAME, ident) for ident in selected]
+
+
+def describe_filter(params) -> str:
+    """A list's filter as the audit row keeps it (status=paid, event=generation.failed, client=...)."""
+    return ", ".join(f"{name.removesuffix('__exact').removesuffix('__id')}={value}"
+                     for name, value in params.items() if name not in ("o", "p", "_changelist_filters"))
+
+
+def is_uuid(value) -> bool:
+    """An object id in an admin URL: anything else is a 404, never a database error."""
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+# --- the wide lists' cells (jobs, orders): one line a row on a 1366 px laptop screen ----------------------
+
+# The wide lists give the app sidebar's 300 px to their columns (Home, in the breadcrumbs, leads to every
+# other page). Their cells are styled by admin/payonce/compact_list.html.
+WIDE_LIST = {"is_nav_sidebar_enabled": False}
+
+
+def short_id(value) -> str:
+    """An id's first 8 characters; the whole id in its title (and in the link it sits in)."""
+    return format_html('<span class="short-id" title="{}">{}</span>', value, str(value)[:8])
+
+
+def clipped(text: str, *, title: str = "") -> str:
+    """A long name cut to the column's width by the stylesheet, whole in its title."""
+    return format_html('<span class="clip" title="{}">{}</span>', title or text, text)
+
+
+def client_cell(client) -> str:
+    """A client by name (its id in the title): two clients may share a name, never an id."""
+    return clipped(client.name, title=f"{client.name} ({client.id})")
+
+
+def compact_time(value) -> str | None:
+    """YYYY-MM-DD HH:MM in the admin's time zone, to the second in the title; None shows the list's dash."""
+    if value is None:
+        return None
+    local = timezone.localtime(value)
+    return format_html('<time datetime="{}" title="{}">{}</time>', value.isoformat(),
+                       f"{local:%Y-%m-%d %H:%M:%S %Z}", f"{local:%Y-%m-%d %H:%M}")

@@ -1,0 +1,59 @@
+"""manage.py orders_rerun: run paid orders' report jobs again (operators.operations.jobs_act, action "rerun", as
+the admin's per-order re-run): the chapters already written are read back, the rest are paid again."""
+
+import uuid
+
+from orders.models import Order, OrderStatus
+from operators import cli
+from jobs.models import Job
+from operators.models import OperatorActionKind
+from operators.operations import jobs_act, month_range, preview_jobs
+
+
+class Command(cli.OperatorCommand):
+    help = ("Re-run the report jobs of paid orders, chosen by --order ID (repeatable) or by --product, --month "
+            "and --client. Only failed or waiting reports start again; their written chapters are kept and the "
+            "rest PAY AGAIN (the worst case is printed first). A reason and one audit row. No filter at all is "
+            "refused unless --all is given. --dry-run previews.")
+
+    def add_arguments(self, parser):
+        group = parser.add_argument_group("which orders (--order, or any of the others)")
+        group.add_argument("--order", action="append", dest="orders", default=[], metavar="ORDER_ID",
+                           help="an order id (repeatable)")
+        group.add_argument("--product", default="", help="orders of this product")
+        group.add_argument("--month", default="", help="YYYY-MM: orders paid in that UTC month")
+        group.add_argument("--client", default="", help="a client's id, or its exact name")
+        cli.add_action_arguments(parser, every="paid order")
+
+    def handle(self, *args, orders, product, month, client, **options):
+        if orders and (product or month or client):
+            raise cli.refused("give either --order ids or --product/--month/--client, not both")
+        paid = Order.objects.filter(status=OrderStatus.PAID, job__isnull=False)
+        parts = []
+        if orders:
+            try:
+                ids = [uuid.UUID(order.strip()) for order in orders]
+            except ValueError:
+                raise cli.refused("--order takes order ids") from None
+            known = set(Order.objects.filter(id__in=ids).values_list("id", flat=True))
+            unknown = [str(ident) for ident in ids if ident not in known]
+            if unknown:
+                raise cli.refused(f"no order has the id {', '.join(unknown[:5])}")
+            paid = paid.filter(id__in=ids)
+            parts.append(f"ids={len(ids)} selected")
+        if product:
+            paid = paid.filter(product=product)
+            parts.append(f"product={product}")
+        if month:
+            first, after = month_range(month)
+            paid = paid.filter(created_at__gte=first, created_at__lt=after)
+            parts.append(f"month={month}")
+        if client:
+            paid = paid.filter(client__in=cli.clients_named(client))
+            parts.append(f"client={client}")
+        cli.refuse_everything(options, filtered=bool(parts), what="paid order")
+        target = "orders: " + (", ".join(parts) or "every paid order")
+        jobs = Job.objects.filter(id__in=paid.values("job_id"))
+        cli.run_action(self, options, pays_again=True,
+                       preview=lambda: preview_jobs(action=OperatorActionKind.RERUN, jobs=jobs, target=target),
+                       act=lambda **who: jobs_act(action=OperatorActionKind.RERUN, jobs=jobs, target=target, **who))

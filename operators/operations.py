@@ -1,0 +1,334 @@
+"""Operators' actions, alone or in bulk over every job a filter matches: cancel, retry (pays again),
+replay deliveries, re-run orders, replay dead letters. Each is previewed first (how many rows match, how
+many it would change, what a retry may reserve) and leaves one audit row (who, when, what, how many,
+why). The admin (operators.admin) and the CLI (operators.cli and its commands) call only these
+functions, so both act and count the same way.
+
+Every change goes through the same services the API uses (job_cancel, job_retry, delivery_replay), so
+each keeps its race rules: a job another writer ended first is skipped, not changed twice. Replaying
+sends stored envelopes and calls no provider; a retry or re-run starts a new run whose done steps (a
+report's written chapters, its synthesis) are read back, never paid for again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone as dt_timezone
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from billing import rates
+from executor.attempts import LLM_MAX_TOKENS
+from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
+from jobs import reports
+from jobs.models import OPEN_STATUSES, ChapterStatus, Client, Job, JobKind, JobStatus, Report, ReportChapter
+from jobs.recipes import chapter_worst_case
+from jobs.services import job_cancel, job_retry
+from operators.models import OperatorAction, OperatorActionKind
+from webhooks.models import DeliveryStatus
+from webhooks.selectors import deliveries_of_jobs
+from webhooks.services import delivery_replay
+
+UPSTREAM_KEY = re.compile(r"payonce-(?P<job>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(?P<n>\d+)", re.ASCII)
+MONTH = re.compile(r"(?P<year>\d{4})-(?P<month>\d{2})", re.ASCII)  # used with fullmatch; ASCII digits only
+RETRYABLE = (JobStatus.FAILED, JobStatus.WAITING)
+CHUNK = 500  # rows per read while acting on a large match
+SAMPLE = 20  # ids kept on the audit row
+
+
+class OperationRefused(ValueError):
+    """An action that cannot start: no reason given, an unknown filter value, an unknown action."""
+
+
+# --- what a filter matches ------------------------------------------------------------------------------
+
+
+def month_range(month: str) -> tuple[datetime, datetime]:
+    """"YYYY-MM" as [its first instant, the next month's first instant), in UTC (billing's months)."""
+    match = MONTH.fullmatch(month or "")
+    if not match or not 1 <= int(match["month"]) <= 12 or not 1 <= int(match["year"]) <= 9998:
+        raise OperationRefused(f"month must be YYYY-MM, not {month!r}")
+    year, number = int(match["year"]), int(match["month"])
+    after = (year + number // 12, number % 12 + 1)
+    return (datetime(year, number, 1, tzinfo=dt_timezone.utc),
+            datetime(after[0], after[1], 1, tzinfo=dt_timezone.utc))
+
+
+def jobs_search(jobs: QuerySet, term: str) -> QuerySet:
+    """One search box for every id an operator holds, each answered by an index or a narrow scan:
+    a job id; an upstream key `payonce-<job>-<n>` (the job id is in it, so the job's own attempts are
+    checked, not the attempts table); `key=value` for a metadata pair (JSON containment); anything else
+    is an idempotency key."""
+    term = (term or "").strip()
+    if not term:
+        return jobs
+    upstream = UPSTREAM_KEY.fullmatch(term)
+    if upstream:
+        return jobs.filter(id=upstream["job"], attempts__upstream_key=term)
+    try:
+        return jobs.filter(id=uuid.UUID(term))
+    except ValueError:
+        pass
+    if "=" in term:
+        key, _, value = (part.strip() for part in term.partition("="))
+        pairs = Q(metadata__contains={key: value})
+        try:
+            parsed = json.loads(value)  # customer=7 matches {"customer": 7} as well as {"customer": "7"}
+        except ValueError:
+            parsed = value
+        if parsed != value:
+            pairs |= Q(metadata__contains={key: parsed})
+        return jobs.filter(pairs)
+    return jobs.filter(idempotency_key=term)
+
+
+@dataclass
+class JobFilter:
+    """The job filter the admin's list and the CLI share: every field optional, all of them ANDed."""
+    status: str = ""
+    client: str = ""  # a client id, or an exact client name
+    model: str = ""  # "provider/model": jobs whose chain names it
+    kind: str = ""
+    month: str = ""  # "YYYY-MM": jobs created in that UTC month
+    search: str = ""  # jobs_search's term
+    ids: list[str] = field(default_factory=list)  # explicit job ids (the admin's selected rows)
+
+    def jobs(self) -> QuerySet:
+        jobs = Job.objects.all()
+        if self.status:
+            if self.status not in JobStatus.values:
+                raise OperationRefused(f"status must be one of {', '.join(JobStatus.values)}")
+            jobs = jobs.filter(status=self.status)
+        if self.kind:
+            if self.kind not in JobKind.values:
+                raise OperationRefused(f"kind must be one of {', '.join(JobKind.values)}")
+            jobs = jobs.filter(kind=self.kind)
+        if self.client:
+            jobs = jobs.filter(client_id__in=client_ids(self.client))
+        if self.model:
+            jobs = jobs.filter(model_chain__contains=[self.model])
+        if self.month:
+            first, after = month_range(self.month)
+            jobs = jobs.filter(created_at__gte=first, created_at__lt=after)
+        if self.ids:
+            try:
+                jobs = jobs.filter(id__in=[uuid.UUID(str(ident)) for ident in self.ids])
+            except ValueError:
+                raise OperationRefused("ids must be job ids") from None
+        return jobs_search(jobs, self.search)
+
+    def describe(self) -> str:
+        parts = [f"{name}={value}" for name, value in asdict(self).items() if value and name != "ids"]
+        if self.ids:
+            parts.append(f"ids={len(self.ids)} selected")
+        return ", ".join(parts) or "every job"
+
+
+def client_ids(client: str) -> list:
+    try:
+        return [uuid.UUID(client)]
+    except ValueError:
+        ids = list(Client.objects.filter(name=client).values_list("id", flat=True))
+        if not ids:
+            raise OperationRefused(f"no client is named {client!r}") from None
+        return ids
+
+
+# --- previews -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Preview:
+    """What an action would do, shown before it is confirmed (and printed by --dry-run)."""
+    action: str
+    target: str
+    matched: int  # rows the target matches
+    acting: int  # rows the action would change (open jobs for a cancel, failed or waiting for a retry ...)
+    skipped: int
+    deliveries: int | None = None  # a replay: the deliveries it sends again
+    worst_case_usd: Decimal | None = None  # a retry or re-run: the most its new runs may reserve
+    sample: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["worst_case_usd"] = None if self.worst_case_usd is None else str(self.worst_case_usd)
+        return data
+
+
+def preview_jobs(*, action: str, jobs: QuerySet, target: str) -> Preview:
+    matched = jobs.count()
+    if action == OperatorActionKind.CANCEL:
+        acting = jobs.filter(status__in=OPEN_STATUSES)
+        return _preview(action, target, matched, acting)
+    if action in (OperatorActionKind.RETRY, OperatorActionKind.RERUN):
+        acting = jobs.filter(status__in=RETRYABLE)
+        preview = _preview(action, target, matched, acting)
+        preview.worst_case_usd = retry_worst_cases(acting)
+        return preview
+    if action == OperatorActionKind.REPLAY:
+
+        preview = _preview(action, target, matched, jobs)
+        preview.deliveries = deliveries_of_jobs(jobs).count()
+        return preview
+    raise OperationRefused(f"unknown action {action!r}")
+
+
+def _preview(action, target, matched, acting: QuerySet) -> Preview:
+    count = acting.count()
+    sample = [str(ident) for ident in acting.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]]
+    return Preview(action=str(action), target=target, matched=matched, acting=count, skipped=matched - count,
+                   sample=sample)
+
+
+def retry_worst_case(job: Job) -> Decimal:
+    """The most a new run of `job` may reserve (and so pay), every call at its worst case: a media job,
+    each model of its chain tried attempts_per_model times; a report, one call for each chapter not yet
+    written and the synthesis if it was not (written ones are read back for free)."""
+    return retry_worst_cases(Job.objects.filter(id=job.id))
+
+
+def retry_worst_cases(jobs: QuerySet) -> Decimal:
+    """retry_worst_case summed over `jobs`, in a few statements whatever their number (a bulk retry's
+    preview over thousands of failed jobs answers at once: bench/admin.py). Media jobs are grouped by
+    chain and policy; reports are read a CHUNK at a time, with their chapters left counted in one query."""
+    total = Decimal("0.000000")
+    media = (jobs.filter(kind=JobKind.MEDIA).order_by().values("model_chain", "policy__attempts_per_model")
+             .annotate(jobs=Count("id")))
+    for group in media:
+        total += _media_worst_case(group["model_chain"], group["policy__attempts_per_model"]) * group["jobs"]
+    report_jobs = jobs.filter(kind=JobKind.REPORT).order_by().only("id", "model_chain", "input")
+    chunk: list[Job] = []
+    for job in [*report_jobs.iterator(chunk_size=CHUNK), None]:
+        if job is not None:
+            chunk.append(job)
+        if chunk and (job is None or len(chunk) == CHUNK):
+            ids = [each.id for each in chunk]
+            rows = {row.job_id: row for row in Report.objects.filter(job_id__in=ids)}
+            left = dict(ReportChapter.objects.filter(report_id__in=ids).exclude(status=ChapterStatus.DONE)
+                        .order_by().values("report_id").annotate(n=Count("id")).values_list("report_id", "n"))
+            total += sum((_report_worst_case(each, rows.get(each.id), left.get(each.id, 0)) for each in chunk),
+                         Decimal("0.000000"))
+            chunk = []
+    return total
+
+
+def _media_worst_case(chain: list[str], attempts_per_model) -> Decimal:
+    tries = attempts_per_model if attempts_per_model is not None else DEFAULT_ATTEMPTS_PER_MODEL
+    return sum((rates.worst_case(model) * tries for model in chain), Decimal("0.000000"))
+
+
+def _report_worst_case(job: Job, report, chapters_left: int) -> Decimal:
+
+    if report is None:  # it failed before its first step wrote the report: everything is still to write
+        report = Report(job=job, subject=(job.input or {}).get("subject"),
+                        chapter_keys=list((job.input or {}).get("chapters", [])))
+        chapters_left = len(report.chapter_keys)
+    synthesis = Decimal("0.000000")
+    if report.synthesis is None:
+        synthesis = rates.worst_case(job.model_chain[0], max_tokens=min(settings.REPORT_SYNTHESIS_MAX_TOKENS,
+                                                                        LLM_MAX_TOKENS),
+                                     input_tokens=rates.input_tokens_bound(reports.SYSTEM_PROMPT,
+                                                                           reports.synthesis_messages(report)))
+        # The chapters read a synthesis not written yet: bound it by its whole max_tokens, each token
+        # as long as the longest UTF-8 character.
+        report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
+    if not chapters_left:
+        return synthesis
+    return synthesis + chapter_worst_case(_RunOf(job), report) * chapters_left
+
+
+@dataclass
+class _RunOf:
+    """The little of a step's context that jobs.recipes.chapter_worst_case reads."""
+    job: Job
+
+
+# --- acting ---------------------------------------------------------------------------------------------
+
+
+def audit_start(*, action: str, who: str, via: str, target: str, reason: str, preview: Preview) -> OperatorAction:
+    reason = (reason or "").strip()
+    if not reason:
+        raise OperationRefused("a reason is required")
+    if not (who or "").strip():
+        raise OperationRefused("who acts must be named")
+    return OperatorAction.objects.create(action=action, who=who.strip()[:150], via=via, target=target,
+                                         reason=reason, matched=preview.matched, detail=preview.as_dict())
+
+
+def audit_finish(entry: OperatorAction, acted: int) -> OperatorAction:
+    OperatorAction.objects.filter(id=entry.id).update(acted=acted, finished_at=timezone.now())
+    entry.refresh_from_db()
+    return entry
+
+
+def jobs_act(*, action: str, jobs: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
+    """Preview, write the audit row, act on every matching job, finish the row with what changed.
+
+    Each job is changed by its own service call and transaction: a bulk cancel of 100,000 jobs does not
+    hold one long transaction, and a job ended meanwhile by a worker is skipped (its conditional update
+    matched no row), not counted."""
+    preview = preview_jobs(action=action, jobs=jobs, target=target)
+    entry = audit_start(action=action, who=who, via=via, target=target, reason=reason, preview=preview)
+    acted = 0
+    if action == OperatorActionKind.CANCEL:
+        for job in jobs.filter(status__in=OPEN_STATUSES).only("id", "run").iterator(chunk_size=CHUNK):
+            acted += job_cancel(job=job)
+    elif action in (OperatorActionKind.RETRY, OperatorActionKind.RERUN):
+        for job in jobs.filter(status__in=RETRYABLE).only("id").iterator(chunk_size=CHUNK):
+            acted += job_retry(job=job) is not None
+    elif action == OperatorActionKind.REPLAY:
+
+        for delivery in deliveries_of_jobs(jobs).only("id").iterator(chunk_size=CHUNK):
+            delivery_replay(delivery=delivery)
+            acted += 1
+    return audit_finish(entry, acted)
+
+
+def dead_letters_preview(*, deliveries: QuerySet, target: str) -> Preview:
+    matched = deliveries.count()
+    dead = deliveries.filter(status=DeliveryStatus.DEAD)
+    count = dead.count()
+    return Preview(action=OperatorActionKind.REPLAY_DEAD, target=target, matched=matched, acting=count,
+                   skipped=matched - count, deliveries=count,
+                   sample=list(dead.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
+
+
+def dead_letters_replay(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
+    """Send dead deliveries again (same envelope, same webhook-id, the retry schedule from its start)."""
+    preview = dead_letters_preview(deliveries=deliveries, target=target)
+    entry = audit_start(action=OperatorActionKind.REPLAY_DEAD, who=who, via=via, target=target, reason=reason,
+                        preview=preview)
+    acted = 0
+    for delivery in deliveries.filter(status=DeliveryStatus.DEAD).only("id").iterator(chunk_size=CHUNK):
+        delivery_replay(delivery=delivery)
+        acted += 1
+    return audit_finish(entry, acted)
+
+
+def deliveries_preview(*, deliveries: QuerySet, target: str) -> Preview:
+    """A replay of chosen deliveries whatever their status: a delivered one too (a receiver that lost what
+    it got; receivers dedupe on webhook-id), a pending one is sent again from its schedule's start."""
+    matched = deliveries.count()
+    return Preview(action=OperatorActionKind.REPLAY, target=target, matched=matched, acting=matched, skipped=0,
+                   deliveries=matched,
+                   sample=list(deliveries.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
+
+
+def deliveries_replay_rows(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
+    """Send the chosen deliveries again (the delivery admin's replay): the stored envelope, the same
+    webhook-id, the retry schedule from its start. Nothing is paid."""
+    preview = deliveries_preview(deliveries=deliveries, target=target)
+    entry = audit_start(action=OperatorActionKind.REPLAY, who=who, via=via, target=target, reason=reason,
+                        preview=preview)
+    acted = 0
+    for delivery in deliveries.only("id").iterator(chunk_size=CHUNK):
+        delivery_replay(delivery=delivery)
+        acted += 1
+    return audit_finish(entry, acted)

@@ -1,0 +1,295 @@
+"""What the operators' job page (operators.admin.jobs) reads: the summary it opens with (per run: attempts, paid,
+cost, outcome; and a report's link, recipient, mail and chapters), then the one timeline: its steps and
+their leases, its attempts with the provider's own words, usage, cost and source, its reservations, its
+output, and its deliveries with each try, in time order, grouped by run. Read only; one query per table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from django.db.models import Count
+from django.utils import timezone
+
+from orders.models import Order
+from billing.models import Reservation
+from executor.models import Attempt
+from executor.selectors import RunAttempts, attempts_by_run
+from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter, Step, StepStatus
+from jobs.reports import report_link
+from webhooks.models import Delivery, DeliveryAttempt
+
+# A job page stays fast on a job with thousands of rows (bench/admin.py): each table is read newest first,
+# at most SHOWN rows, and the newest SHOWN entries are shown; `?all=1` reads and shows every one.
+SHOWN = 400
+
+
+@dataclass
+class Entry:
+    at: datetime
+    kind: str  # job, step, attempt, reservation, output, delivery, try
+    title: str
+    state: str = ""  # a css class: ok, bad, wait, info
+    facts: list[tuple[str, object]] = field(default_factory=list)  # (label, value), shown as they are
+    text: str = ""  # the provider's words, an error, a response body: shown in <pre>
+    link: str = ""
+    run: int = 1  # the run it belongs to: the page folds the timeline by run
+
+
+def job_timeline(job: Job, *, output_url: str = "", limit: int | None = SHOWN) -> tuple[list[Entry], bool]:
+    """The entries in time order, and whether older ones were left out (`limit` rows a table at most)."""
+    entries = [Entry(job.created_at, "job", f"created (run 1), {job.kind}", "info",
+                     [("idempotency key", job.idempotency_key), ("models", " -> ".join(job.model_chain)),
+                      ("output key", job.output_key), ("metadata", job.metadata or "")])]
+    if job.started_at:
+        entries.append(Entry(job.started_at, "job", f"run {job.run} started", "info", run=job.run))
+    reads = Reads(limit)
+    entries += _steps(job, reads)
+    attempts = reads.newest(Attempt.objects.filter(job_id=job.id).defer("request", "answer"), "-number")
+    entries += _attempts(attempts)
+    entries += _reservations(job, attempts, reads)
+    if job.output and job.completed_at:
+        entries.append(Entry(job.completed_at, "output", "output written", "ok",
+                             [("key", job.output.get("key")), ("written by", job.output.get("written_by")),
+                              ("content type", job.output.get("content_type", ""))], link=output_url, run=job.run))
+    if job.completed_at:
+        error = job.error or {}
+        entries.append(Entry(job.completed_at, "job", f"ended {job.status}", _STATE.get(job.status, "info"),
+                             [("code", error.get("code", ""))] if error else [], text=error.get("message", ""),
+                             run=job.run))
+    elif job.status == "waiting":
+        error = job.error or {}
+        entries.append(Entry(job.updated_at, "job", "waiting for a person", "wait",
+                             [("code", error.get("code", ""))], text=error.get("message", ""), run=job.run))
+    entries += _deliveries(job, reads)
+    entries.sort(key=lambda entry: (entry.at, _ORDER.get(entry.kind, 9)))
+    if limit is not None and len(entries) > limit:
+        return entries[-limit:], True
+    return entries, reads.cut
+
+
+class Reads:
+    """Each table's rows newest first, at most `limit` of them; remembers whether any table had more."""
+
+    def __init__(self, limit: int | None):
+        self.limit, self.cut = limit, False
+
+    def newest(self, rows, *order) -> list:
+        if self.limit is None:
+            return list(rows.order_by(*order))
+        got = list(rows.order_by(*order)[: self.limit + 1])
+        self.cut = self.cut or len(got) > self.limit
+        return got[: self.limit]
+
+
+_STATE = {"succeeded": "ok", "failed": "bad", "cancelled": "bad", "uncertain": "wait", "waiting": "wait",
+          "running": "info", "submitting": "info", "done": "ok", "delivered": "ok", "dead": "bad",
+          "pending": "wait", "held": "wait", "settled": "ok", "released": "info"}
+_ORDER = {"job": 0, "step": 1, "reservation": 2, "attempt": 3, "output": 4, "delivery": 5, "try": 6}
+
+
+def _steps(job: Job, reads: Reads) -> list[Entry]:
+    entries = []
+    for step in reads.newest(Step.objects.filter(job_id=job.id), "-started_at", "-id"):
+        facts = [("run", step.run), ("executions", step.attempts), ("lease held by", step.lease_owner or "—"),
+                 ("lease until", step.lease_until or "—")]
+        # `executions` above 1: the lease was claimed again, by a worker that took it over from a dead one
+        # or by its own holder after a back-off or a poll (the logs' step.taken_over tells them apart).
+        entries.append(Entry(step.started_at, "step", f"step {step.name} claimed", "info", facts, run=step.run))
+        if step.finished_at:
+            entries.append(Entry(step.finished_at, "step", f"step {step.name} {step.status}",
+                                 _STATE.get(step.status, "info"), [("run", step.run)],
+                                 text=_short(step.result) if step.status != "done" else "", run=step.run))
+    return entries
+
+
+def _attempts(rows: list[Attempt]) -> list[Entry]:
+    entries = []
+    for attempt in rows:
+        head = f"attempt {attempt.number} ({attempt.provider}/{attempt.model}, step {attempt.step}, run {attempt.run})"
+        entries.append(Entry(attempt.created_at, "attempt", f"{head}: intent written", "info",
+                             [("upstream key", attempt.upstream_key)], run=attempt.run))
+        if attempt.accepted_at:
+            entries.append(Entry(attempt.accepted_at, "attempt", f"{head}: accepted", "info",
+                                 [("upstream id", attempt.upstream_id or "—"), ("sends", attempt.sends)],
+                                 run=attempt.run))
+        ended = attempt.finished_at or (attempt.submitted_at if attempt.state == "uncertain" else None)
+        if ended or attempt.state in ("failed", "succeeded", "uncertain"):
+            facts = [("upstream key", attempt.upstream_key), ("state", attempt.state), ("paid", attempt.paid),
+                     ("error class", attempt.error_class or "—"), ("sends", attempt.sends),
+                     ("last HTTP status", attempt.last_status or "—"), ("usage", attempt.usage or "—"),
+                     ("cost", "unpriced" if attempt.cost_usd is None else f"${attempt.cost_usd}"),
+                     ("cost source", attempt.cost_source or "—"), ("duration", f"{attempt.duration_ms} ms"
+                                                                   if attempt.duration_ms is not None else "—")]
+            entries.append(Entry(ended or attempt.created_at, "attempt", f"{head}: {attempt.state}",
+                                 _STATE.get(attempt.state, "info"), facts, text=attempt.error or "", run=attempt.run))
+        elif attempt.submitted_at:
+            entries.append(Entry(attempt.submitted_at, "attempt", f"{head}: sent, {attempt.state}", "wait",
+                                 [("sends", attempt.sends)], run=attempt.run))
+    return entries
+
+
+def _reservations(job: Job, attempts: list[Attempt], reads: Reads) -> list[Entry]:
+    """Found by key (billing keeps no index on the job: its hot path pays for none): each attempt's upstream
+    key, and each run's fan-out pool (jobs.recipes._pool)."""
+    runs = {a.upstream_key: a.run for a in attempts} | {f"fanout-{job.id}-{run}": run for run in range(1, job.run + 1)}
+    entries = []
+    for row in reads.newest(Reservation.objects.filter(key__in=list(runs)), "-created_at", "-id"):
+        entries.append(Entry(row.created_at, "reservation", f"reserved ${row.amount} ({row.kind}, {row.model})",
+                             "wait", [("key", row.key)], run=runs[row.key]))
+        if row.resolved_at:
+            spent = "unpriced, kept as spent" if row.unpriced else (f"${row.spent}" if row.spent is not None else "—")
+            entries.append(Entry(row.resolved_at, "reservation", f"reservation {row.state}",
+                                 _STATE.get(row.state, "info"), [("key", row.key), ("spent", spent)],
+                                 run=runs[row.key]))
+    return entries
+
+
+def _deliveries(job: Job, reads: Reads) -> list[Entry]:
+    entries = []
+    deliveries = reads.newest(Delivery.objects.filter(job_id=job.id).defer("envelope"), "-created_at")
+    for delivery in deliveries:
+        entries.append(Entry(delivery.created_at, "delivery", f"event {delivery.event} (run {delivery.run})",
+                             _STATE.get(delivery.status, "info"),
+                             [("webhook-id", delivery.id), ("status", delivery.status), ("tries", delivery.attempts),
+                              ("url", delivery.url or "the client's endpoint")], run=delivery.run))
+    runs = {delivery.id: delivery.run for delivery in deliveries}
+    tries = reads.newest(DeliveryAttempt.objects.filter(delivery_id__in=list(runs)), "-attempted_at", "-id")
+    for attempt in tries:
+        good = attempt.status_code is not None and 200 <= attempt.status_code < 300
+        entries.append(Entry(attempt.attempted_at, "try", f"try {attempt.number} of {attempt.delivery_id}",
+                             "ok" if good else "bad",
+                             [("url", attempt.url), ("status", attempt.status_code or "—"),
+                              ("duration", f"{attempt.duration_ms} ms" if attempt.duration_ms is not None else "—")],
+                             text=attempt.error or attempt.response_body[:500], run=runs[attempt.delivery_id]))
+    return entries
+
+
+def _short(value, limit: int = 500) -> str:
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+# --- the summary the page opens with --------------------------------------------------------------------
+
+# The runs the summary lists one a line; older ones fold under a line of their own (bench/admin.py's heavy
+# job has 100 runs).
+RUN_LINES = 10
+
+
+@dataclass(frozen=True)
+class RunLine(RunAttempts):
+    """One run: its attempts, how many were paid (and of unknown outcome), what they cost, how it ended."""
+
+    outcome: str
+    state: str  # a css class, as Entry.state
+
+
+@dataclass(frozen=True)
+class Summary:
+    lines: list[RunLine]  # run 1 first
+    total: RunLine  # every run; `run` is the number of runs
+    webhooks: list[tuple[str, int]]  # (delivery status, how many), e.g. [("dead", 1), ("delivered", 2)]
+
+    @property
+    def latest(self) -> list[RunLine]:
+        return self.lines[-RUN_LINES:]
+
+    @property
+    def earlier(self) -> list[RunLine]:
+        return self.lines[:-RUN_LINES]
+
+
+def job_summary(job: Job) -> Summary:
+    """Per run: executor.selectors.attempts_by_run's sums and how the run ended. An earlier run ended failed
+    or waiting (a person's retry starts a new run only then): its failed step says with which code."""
+    sums = attempts_by_run(job.id)
+    codes = {run: _error_code(result) for run, result in
+             Step.objects.filter(job_id=job.id, status=StepStatus.FAILED).values_list("run", "result")}
+    lines = []
+    for run in range(1, job.run + 1):
+        if run == job.run:
+            code = (job.error or {}).get("code", "")
+            outcome, state = (f"{job.status}: {code}" if code else job.status), _STATE.get(job.status, "info")
+        else:
+            outcome, state = (f"ended {codes[run]}; retried" if codes.get(run) else "ended; retried"), "bad"
+        lines.append(RunLine(**asdict(sums.get(run) or RunAttempts.none(run)), outcome=outcome, state=state))
+    total = RunLine(**asdict(RunAttempts.total(lines, job.run)), outcome=lines[-1].outcome, state=lines[-1].state)
+    webhooks = list(Delivery.objects.filter(job_id=job.id).order_by("status").values("status")
+                    .annotate(n=Count("id")).values_list("status", "n"))
+    return Summary(lines, total, webhooks)
+
+
+def _error_code(result) -> str:
+    error = result.get("error") if isinstance(result, dict) else None
+    return str(error.get("code", "")) if isinstance(error, dict) else ""
+
+
+@dataclass(frozen=True)
+class ReportFacts:
+    """What support needs of a report job: the link its buyer gets, where the mail goes and whether it
+    went, and its chapters done of total."""
+
+    link: str  # the /r/<token> page; "" before the report's first step made its row (the page would 404)
+    recipient: str  # the address its mail goes to: the order's email ("" once purged)
+    purged_at: datetime | None
+    order: Order | None  # the paid order that made it, if an order did
+    duplicates: list[Order]  # later payments for the same run and product: the link mailed again (mailed_to)
+    mail: str  # the delivery mail's state, in words
+    mail_state: str  # a css class, as Entry.state
+    chapters_done: int
+    chapters_total: int
+    not_done: list[ReportChapter]
+
+
+def report_facts(job: Job) -> ReportFacts | None:
+    """None unless a report job."""
+    if job.kind != JobKind.REPORT:
+        return None
+    report = Report.objects.filter(job_id=job.id).first()
+    order = Order.objects.filter(job_id=job.id).first()
+    duplicates = list(Order.objects.filter(duplicate_of=order).order_by("created_at")) if order else []
+    if report is None:  # the first step writes it: until then, the job's input
+        data = job.input if isinstance(job.input, dict) else {}
+        return ReportFacts("", str(data.get("email", "")), None, order, duplicates,
+                           "nothing mailed: the report's first step has not run", "info", 0,
+                           len(data.get("chapters") or []), [])
+    chapters = list(report.chapters.order_by("position"))
+    mail, mail_state = _mail_state(job, report)
+    return ReportFacts(report_link(job.id), report.email, report.purged_at, order, duplicates, mail, mail_state,
+                       sum(1 for c in chapters if c.status == ChapterStatus.DONE), len(chapters),
+                       [c for c in chapters if c.status != ChapterStatus.DONE])
+
+
+def _mail_state(job: Job, report: Report) -> tuple[str, str]:
+    """The deliver step's record (jobs.recipes.deliver): mailed when, or why not yet."""
+    if report.delivered_at:
+        return f"mailed {_at(report.delivered_at)}", "ok"
+    if report.delivery_error:
+        if job.status == "succeeded":  # the deliver step gave up at REPORT_DELIVERY_DEADLINE_S
+            return f"not sent, given up: {report.delivery_error}", "bad"
+        return f"not sent yet, tried again with back-off: {report.delivery_error}", "wait"
+    if report.sealed_at:
+        return f"sealed {_at(report.sealed_at)}, not mailed yet", "wait"
+    return "not mailed: the report is not sealed (a chapter is not done)", "info"
+
+
+def _at(moment: datetime) -> str:
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
+
+
+@dataclass(frozen=True)
+class RunGroup:
+    """The timeline's entries of one run (in time order), folded under its summary line."""
+
+    run: int
+    line: RunLine | None
+    entries: list[Entry]
+
+
+def timeline_by_run(entries: list[Entry], summary: Summary) -> list[RunGroup]:
+    lines = {line.run: line for line in summary.lines}
+    grouped: dict[int, list[Entry]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.run, []).append(entry)
+    return [RunGroup(run, lines.get(run), grouped[run]) for run in sorted(grouped)]

@@ -1,0 +1,55 @@
+"""Reads of orders: what each product's orders, and each order's report, cost (the admin's spend page and
+order list)."""
+
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import connection
+from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Sum
+
+from executor.models import Attempt, AttemptState
+from orders.models import OrderStatus
+
+SIX = Decimal("0.000001")
+
+# A job's attempts that may have been paid and that nobody could price: what public_attempts counts as
+# unpriced (executor.selectors).
+_UNPRICED_ATTEMPT = (f"a.cost_usd IS NULL AND (a.accepted_at IS NOT NULL"
+                     f" OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))")
+
+_BY_PRODUCT_SQL = f"""
+SELECT o.product, count(*), count(*) FILTER (WHERE o.status = '{OrderStatus.PAID}'),
+       count(*) FILTER (WHERE o.status = '{OrderStatus.DUPLICATE}'),
+       coalesce(sum(cost.total), 0), coalesce(sum(cost.unpriced), 0)
+  FROM orders_order o
+  LEFT JOIN LATERAL (
+      SELECT sum(a.cost_usd) AS total, count(*) FILTER (WHERE {_UNPRICED_ATTEMPT}) AS unpriced
+        FROM executor_attempt a WHERE a.job_id = o.job_id) cost ON true
+ WHERE o.created_at >= %s AND o.created_at < %s {{client}}
+ GROUP BY o.product ORDER BY o.product
+"""
+
+
+def orders_by_product(first: datetime, after: datetime, *, client_id=None) -> list[dict]:
+    """Orders created in [first, after) by product: how many, paid and duplicate, and what their report
+    jobs' attempts cost (priced ones summed; unpriced ones that may have been paid counted, as an order's
+    own cost counts them). One statement; each order's attempts are found by their job's index."""
+    sql = _BY_PRODUCT_SQL.format(client="AND o.client_id = %s" if client_id is not None else "")
+    params = [first, after] + ([client_id] if client_id is not None else [])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [{"product": product, "orders": orders, "paid": paid, "duplicate": duplicate,
+                 "cost": Decimal(cost).quantize(SIX), "unpriced_attempts": unpriced}
+                for product, orders, paid, duplicate, cost, unpriced in cursor.fetchall()]
+
+
+def orders_with_cost(orders):
+    """The orders with what each one's report job cost, as OrderAdmin once read it per row (public_attempts):
+    `cost_total` (priced attempts, None with none) and `cost_unpriced`, computed in the list's own statement."""
+    attempts = Attempt.objects.filter(job_id=OuterRef("job_id")).order_by().values("job_id")
+    maybe_paid = Q(accepted_at__isnull=False) | Q(state__in=[AttemptState.SUBMITTING, AttemptState.UNCERTAIN])
+    return orders.annotate(
+        cost_total=Subquery(attempts.annotate(total=Sum("cost_usd")).values("total")),
+        cost_unpriced=Subquery(attempts.annotate(count=Count("id", filter=Q(cost_usd__isnull=True) & maybe_paid))
+                               .values("count"), output_field=IntegerField()),
+    )
