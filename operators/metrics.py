@@ -1,4 +1,4 @@
-"""`/metrics` in the Prometheus text format (docs/operating.md, "Metrics").
+"""`/metrics` in the Prometheus text format (docs/operating.md, "Metrics and alerts").
 
 Every figure is read at scrape time from where it is true, never from one process's memory: PostgreSQL
 for what the rows say (jobs, attempts, spend, deliveries, lease takeovers), and the event counters
