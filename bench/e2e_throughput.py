@@ -150,7 +150,7 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobs import runner, services, workflow
+    from jobs import outcomes, runner, services
     from jobs.models import ClientAPIKey
     from jobs.serializers import JobCreateSerializer
 
@@ -168,9 +168,9 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
             stages, index = ["prepare", "wait", "finish"], 0
             while True:
                 outcome = runner.run_stage(job_id=job.id, run=1, stage=stages[index], owner="bench")
-                if isinstance(outcome, workflow.Later):
+                if isinstance(outcome, outcomes.Later):
                     time.sleep(outcome.countdown)
-                elif isinstance(outcome, workflow.Continue):
+                elif isinstance(outcome, outcomes.Continue):
                     time.sleep(outcome.countdown)
                     index += 1
                 else:

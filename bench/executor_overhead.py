@@ -1,6 +1,6 @@
 """Benchmark: the executor's own overhead per attempt, outside the provider call, and its SQL statements.
 
-N jobs go through the attempt runner (executor.attempts: submit until accepted, then wait until done)
+N jobs go through the attempt runner (executor.render: submit until accepted, then wait until done)
 in this process, against the sandbox provider as its own process over HTTP. Every provider call is
 timed; the executor's overhead is the runner's time minus the time inside provider calls. SQL statements
 are captured around the runner. Two cases: a clean submit (render_s 0, answered finished), and a submit
@@ -35,7 +35,7 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from executor import attempts
+    from executor import render
     from executor.models import Attempt
     from executor.providers.sandbox import SandboxProvider
     from jobs.models import Job
@@ -74,11 +74,11 @@ def main() -> None:
             with CaptureQueriesContext(connection) as captured:
                 while True:
                     try:
-                        attempts.submit(job)
+                        accepted = render.submit(job)
                         break
                     except StepRetry:  # the bench skips the back-off: the next pass resends at once
                         Attempt.objects.filter(job=job).update(retry_at=None)
-                assert attempts.wait(job) is not None
+                assert render.wait(job, attempt=accepted)  # the render is finished in the submit's answer
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             walls.append(wall * 1000)
             overheads.append((wall - inside[0]) * 1000)

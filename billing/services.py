@@ -2,7 +2,7 @@
 settle or release it exactly once when its money is known, and never let `spent + reserved` pass a client month's cap.
 
 1. Reserve rides the executor's intent: it must run inside the transaction that commits the attempt in
-   `submitting` (executor.attempts._intend), so intent and reservation exist together or not at all.
+   `submitting` (executor.record.intend), so intent and reservation exist together or not at all.
 2. One statement reserves: it creates or updates the client month's row, conditionally on
    `spent + reserved + worst_case <= cap`, and inserts the reservation keyed by the upstream key. The
    row lock that UPDATE takes serialises every reservation of one client month, across processes and

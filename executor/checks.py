@@ -10,7 +10,7 @@ blocked between the job's submission and its provider call.
 import os
 import re
 
-from executor.attempts import SubmitRefused
+from executor.render import SubmitRefused
 
 
 def blocked_subjects(job, request: dict) -> None:

@@ -4,7 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-# The names the attempt runner catches (executor.attempts._intend): each is a race it loses on purpose.
+# The names the attempt runner catches (executor.record.intend): each is a race it loses on purpose.
 ATTEMPT_NUMBER_CONSTRAINT = "attempt_job_number"
 ONE_OUT_PER_RUN_CONSTRAINT = "attempt_one_out_per_run"
 
@@ -37,8 +37,15 @@ class Attempt(models.Model):
     state = models.CharField(max_length=16, choices=AttemptState.choices, default=AttemptState.SUBMITTING)
     error_class = models.CharField(max_length=32, null=True, blank=True)
     error = models.TextField(null=True, blank=True)  # the provider's own words
-    # What goes out (prompt, params, metadata): kept so a resend is byte-for-byte the same request.
+    # What went out (a render's prompt, params and metadata; an LLM call's system, messages, max_tokens and
+    # metadata): kept so a resend is byte-for-byte the same request. Nothing the provider answered.
     request = models.JSONField(default=dict)
+    # The provider's ids for the references uploaded before the first send (null: not uploaded yet): a
+    # resend of the key refers to the same ones.
+    uploaded_inputs = models.JSONField(null=True, blank=True)
+    # Where the finished work is. Set while `running`, it came with the submit's answer (the provider
+    # answered with the finished work: nothing to poll for).
+    output_url = models.TextField(null=True, blank=True)
     sends = models.PositiveIntegerField(default=0)
     # The HTTP status the provider answered the latest send with; null while it is out, or when no
     # answer came (a transport error, a crash): a send with no answer may still land.

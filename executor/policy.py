@@ -1,8 +1,9 @@
-"""The attempt runner's decisions, as tables and pure functions (docs/design.md, "Where money is spent: attempts"):
-which of the three kinds of failure an ended send is, what an attempt's error class means for the chain, how long to
-wait before the next try, how long an attempt may be waited on and its key lives. No database and no
-network here: executor.attempts reads the record and acts on what these say, and tests/test_policy.py
-checks them row by row.
+"""The attempt runners' decisions, as tables and pure functions (docs/design.md, "Where money is spent: attempts"):
+what a job's policy says when the request does not, which of the three kinds of failure an ended send is,
+what an attempt's error class means for the chain, how long to wait before the next try, how long an
+attempt may be waited on and its key lives, and the LLM call's own rules. No database and no network
+here: executor.render and executor.llm read the record and act on what these say, and
+tests/test_policy.py checks them row by row.
 """
 
 from dataclasses import dataclass
@@ -11,14 +12,29 @@ from enum import StrEnum
 from config.retry import backoff_s
 from executor.providers.base import ErrorClass
 
+# A job's policy where the request says nothing (jobs.serializers.PolicySerializer's defaults).
+DEFAULT_ATTEMPTS_PER_MODEL = 3
+DEFAULT_FALLBACK_ON = ("exhausted", "unavailable")
+# How often a run may pay again automatically after a paid attempt failed, when the policy does not say.
+DEFAULT_PAID_RETRIES = 0
+# Why the chain may move on to the next model: the reasons a policy's fallback_on may name, in the order a
+# stored policy lists them.
+FALLBACK_REASONS = ("exhausted", "unavailable", "refused", "window_expired")
+
+
+def default_policy() -> dict:
+    """The policy of a job whose request names none (as PolicySerializer fills it in)."""
+    return {"attempts_per_model": DEFAULT_ATTEMPTS_PER_MODEL, "fallback_on": list(DEFAULT_FALLBACK_ON)}
+
+
 # What ends the chain at once, with the job's error code.
 STOP_CODES = {
     ErrorClass.AUTH: "PROVIDER_AUTH",
     ErrorClass.INVALID_INPUT: "INVALID_INPUT",
     ErrorClass.CANCELLED: "CANCELLED",
     ErrorClass.BUDGET_EXCEEDED: "BUDGET_EXCEEDED",
-    "pre_submit_refused": "PRE_SUBMIT_REFUSED",
-    "upload_failed": "UPLOAD_FAILED",
+    ErrorClass.PRE_SUBMIT_REFUSED: "PRE_SUBMIT_REFUSED",
+    ErrorClass.UPLOAD_FAILED: "UPLOAD_FAILED",
 }
 # The classes that may try the same model again, while it has tries left.
 RETRY_SAME_MODEL = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.TIMEOUT, ErrorClass.SERVER_ERROR,
@@ -34,15 +50,25 @@ MOVE_ON = {
     ErrorClass.UNAVAILABLE: ("unavailable", "PROVIDER_UNAVAILABLE"),
     ErrorClass.WINDOW_EXPIRED: ("window_expired", "WINDOW_EXPIRED"),
 }
-DEFAULT_ATTEMPTS_PER_MODEL = 3
-# How often a run may pay again automatically after a paid attempt failed, when the policy does not say.
-DEFAULT_PAID_RETRIES = 0
 PAID_ATTEMPT_FAILED = "PAID_ATTEMPT_FAILED"
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 RETRY_AFTER_MAX_S = 300.0
 # Polls that fail back off from the poll interval up to this, inside the attempt's deadline.
 POLL_BACKOFF_MAX_S = 60.0
+
+
+# An LLM call (executor.llm): up to LLM_ATTEMPTS attempts, each writing at most LLM_MAX_TOKENS.
+LLM_MAX_TOKENS = 8000
+LLM_ATTEMPTS = 3
+# Worth another try: the provider said "not now" (429, 5xx) or never answered. Any other 4xx gets the
+# same answer again, so it ends the call.
+LLM_RETRYABLE = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT, ErrorClass.NETWORK})
+
+
+def llm_max_tokens(asked: int) -> int:
+    """The output tokens a call may write: what was asked for, at most LLM_MAX_TOKENS."""
+    return min(asked, LLM_MAX_TOKENS)
 
 
 class Failure(StrEnum):

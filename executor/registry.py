@@ -22,7 +22,7 @@ from executor.providers.base import CHEAP_LLM, Capabilities
 from sandbox import catalog as sandbox_catalog
 
 # A media job's input keys that are payonce's own, never a provider parameter: every other key is sent to
-# each model of the chain as a parameter (executor.attempts._intend, through provider_params).
+# each model of the chain as a parameter (executor.render, through provider_params).
 PAYONCE_INPUT_KEYS = ("prompt", "references")
 
 

@@ -1,5 +1,5 @@
 """The executor's services for the job engine: providers, the output store, and what a media run does
-around its attempts (executor.attempts). They never change a job's status (that is jobs.services)."""
+around its attempts (executor.render, executor.llm). They never change a job's status (that is jobs.services)."""
 
 import errno
 import logging

@@ -1,5 +1,34 @@
-"""What a step can say besides returning a result. Raised by step functions (and the executor they
-call), handled in one place: the step runner (jobs.runner)."""
+"""The runner's outcomes, in one place: what a step raises besides returning its result (and the executor
+it calls raises with it), and what running a stage answers the chain (docs/design.md, "How a job runs:
+durable steps").
+
+This module imports nothing of payonce's: the layers below the job engine (the executor) raise its
+exceptions from inside a step without importing the engine
+(docs/architecture.md, "Reaching up: ports handed down").
+
+Two ways to say "not now", both raised by a step and both turned into the stage's `Later` by the runner:
+`StepRetry` (something did not work and may: back off) and `NotYet` (nothing failed: a waiting step's
+work is not done, and its schedule says when to look). `Continue(countdown)` and `Later(countdown)` are
+what the runner answers the chain: the next stage after a pause, or this one again.
+
+What running a stage answers, and what the task does with it (jobs.chain.start_run sends one message for
+a run's first stage and carries the later stages as the links of Celery's own `chain` field;
+`jobs.runner.run_stage` runs its stage and then the following stages inline, for as long as none has to
+wait; jobs.tasks._follow does the rest):
+
+| answer | the runner means | the task does |
+| --- | --- | --- |
+| `Continue(countdown)` | a later stage has to wait `countdown` s (its first poll is not due); it is the chain's next link | sends the chain's next link with that countdown (the rest of the chain with it), and drops the chain here |
+| `Done` | the run went through its last stage | drops the rest of the chain (those links would find their steps done) |
+| `Stop(reason)` | nothing more for this chain: the job ended, moved to another run, or someone else carries it | drops the rest of the chain |
+| `Later(countdown)` | run this same stage again after a pause (a poll, a back-off, a lease held elsewhere) | sends this very task again after `countdown`, with the rest of its chain, and drops the chain here |
+| `FanOut(stage, keys)` | start these sub-steps in parallel; their join continues the run | sends one `run_substep` per key and drops the chain here |
+| `Resume(kind, index, countdown)` | start the rest of the run from stage `index` (a fan-out joined, or a stage two or more links on has to wait) | calls `start_run` from that stage: a new chain |
+"""
+
+from dataclasses import dataclass
+
+# --- what a step raises -------------------------------------------------------------------------------------
 
 
 class JobFailure(Exception):
@@ -50,3 +79,50 @@ class NotYet(Exception):
     def __init__(self, countdown: float):
         super().__init__(f"not done; next look in {countdown:.1f}s")
         self.countdown = countdown
+
+
+# --- what running a stage answers (the table above) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Continue:
+    """The stage is done, and the next one has to wait `countdown` seconds: the chain's next link runs it."""
+
+    countdown: float = 0.0
+
+
+@dataclass(frozen=True)
+class Done:
+    """The run went through its last stage: nothing is left for the chain."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Nothing more for this chain: the job ended, moved on to another run, or someone else carries it."""
+
+    reason: str
+    again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.tasks.stop_upstream)
+
+
+@dataclass(frozen=True)
+class Later:
+    """Run this stage again after `countdown` seconds (a poll, a back-off, a lease held elsewhere)."""
+
+    countdown: float
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """Start these sub-steps in parallel; their join continues the run."""
+
+    stage: str
+    keys: list[str]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Start the rest of the run from this stage (after a fan-out joined, or from the sweeper)."""
+
+    kind: str
+    stage_index: int
+    countdown: float = 0.0

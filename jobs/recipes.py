@@ -3,7 +3,7 @@
 `media`: check the output key, mark running, submit | wait | store output, finish. Three stages, so
 three messages: steps that only touch the database or read run inline in one task, each still its own
 `Step` row; a message is needed only where the job waits on the provider. (The budget's worst case is
-reserved with each attempt's intent: executor.attempts.)
+reserved with each attempt's intent: executor.record.intend.)
 
 `report`: mark running, load the input, synthesis, the budget pre-flight | one step per chapter, in
 parallel | seal | deliver, finish (docs/design.md, "Reports and orders").
@@ -14,9 +14,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from billing import rates
 from billing import services as billing
-from executor import attempts
+from executor import cancel, llm, record, render
 from executor import services as executor
 from jobs import reports, services
 from jobs.models import JobStatus
@@ -36,19 +35,22 @@ def check_output(ctx) -> dict:
 def submit(ctx) -> dict:
     if ctx.result("check_output")["exists"]:
         return {"skipped": True}  # this job's output is already stored: nothing to pay for
-    return attempts.submit(ctx.job, done=ctx.done_mark)
+    # The job was loaded knowing whether it has any attempt (jobs.selectors.job_with_steps).
+    accepted = render.submit(ctx.job, done=ctx.done_mark, none_yet=not getattr(ctx.job, "has_attempts", True))
+    ctx.handoff["submit"] = accepted  # the wait, run next in this execution, starts from it
+    return record.accepted(accepted)
 
 
-def wait(ctx) -> dict | None:
+def wait(ctx) -> dict:
     if ctx.result("submit").get("skipped"):
         return {"skipped": True}
-    return attempts.wait(ctx.job, rung=ctx.rung, done=ctx.done_mark)
+    return render.wait(ctx.job, attempt=ctx.handoff.get("submit"), rung=ctx.rung, done=ctx.done_mark)
 
 
 def wait_ready(ctx, mark) -> tuple[dict, bool | None] | None:
     if ctx.result("submit").get("skipped"):
         return {"skipped": True}, None
-    return attempts.finish_answered(ctx.job, mark)
+    return render.finish_answered(ctx.job, ctx.handoff.get("submit"), mark)
 
 
 def store_output(ctx) -> dict:
@@ -64,7 +66,7 @@ def finish(ctx) -> dict:
 
 
 def cancel_upstream(ctx) -> float | None:
-    return attempts.cancel_current(ctx.job)
+    return cancel.cancel_current(ctx.job)
 
 
 MEDIA = recipe_register(
@@ -111,22 +113,13 @@ def synthesis(ctx) -> dict:
     (a new run) reuse it verbatim."""
     report = reports.report_of(ctx.job.id)
     if report.synthesis is None:
-        answer = attempts.llm_call(ctx.job, step="synthesis", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
-                                   messages=reports.synthesis_messages(report),
-                                   max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
+        answer = llm.llm_call(ctx.job, step="synthesis", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
+                              messages=reports.synthesis_messages(report),
+                              max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
         if not answer["text"].strip():
             raise JobFailure("CHAPTER_FAILED", "The synthesis came back empty.", chapters=["synthesis"])
         reports.synthesis_save(report=report, text=answer["text"])
     return {"synthesis": True}
-
-
-def chapter_worst_case(ctx, report) -> object:
-    """The most one chapter call can cost: its prompt's every byte a token at the dearest input rate, and
-    its whole max_tokens of output."""
-    longest = max(report.chapter_keys, key=len)
-    return rates.worst_case(_model(ctx), max_tokens=min(settings.REPORT_CHAPTER_MAX_TOKENS, attempts.LLM_MAX_TOKENS),
-                            input_tokens=rates.input_tokens_bound(reports.SYSTEM_PROMPT,
-                                                                  reports.chapter_messages(report, longest)))
 
 
 def preflight(ctx) -> dict:
@@ -135,7 +128,7 @@ def preflight(ctx) -> dict:
     report = reports.report_of(ctx.job.id)
     left = reports.chapters_left(report)
     if left and not billing.fanout_reserve(client_id=ctx.job.client_id, job_id=ctx.job.id, key=_pool(ctx),
-                                           units=len(left), unit_worst_case=chapter_worst_case(ctx, report),
+                                           units=len(left), unit_worst_case=reports.chapter_worst_case(report, _model(ctx)),
                                            guard=ctx.job.NOT_CANCELLED_SQL):
         raise JobFailure("BUDGET_EXCEEDED", f"The worst case of {len(left)} chapters does not fit under this "
                          "month's budget; no chapter was started.", chapters=left)
@@ -154,9 +147,9 @@ def write_chapter(ctx, key: str) -> dict:
     if kept is not None:
         return {"key": key, "kept": True}
     try:
-        answer = attempts.llm_call(ctx.job, step=f"chapter-{key}", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
-                                   messages=reports.chapter_messages(report, key),
-                                   max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS, pool=_pool(ctx))
+        answer = llm.llm_call(ctx.job, step=f"chapter-{key}", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
+                              messages=reports.chapter_messages(report, key),
+                              max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS, pool=_pool(ctx))
     except JobFailure as failure:
         reports.chapter_fail(report=report, key=key, error=f"{failure.code}: {failure.message}")
         raise

@@ -2,9 +2,11 @@
 chapters are written from, the signed link, and the delivery mail. Every write is conditional on the state it
 expects: a chapter once done is never written again, a report once sealed stays sealed."""
 
+import copy
 import hashlib
 import json
 import logging
+from decimal import Decimal
 
 from django.conf import settings
 from django.core import signing
@@ -13,6 +15,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
+from executor import llm
 from jobs.models import OPEN_STATUSES, ChapterStatus, Job, Report, ReportChapter
 
 logger = logging.getLogger(__name__)
@@ -76,6 +79,37 @@ def synthesis_messages(report: Report) -> list[dict]:
 def chapter_messages(report: Report, key: str) -> list[dict]:
     return [{"role": "user", "content": f"Subject:\n{_subject_text(report)}\n\nSynthesis:\n{report.synthesis}\n\n"
                                         f"Write the chapter \"{key}\" of the report."}]
+
+
+# --- what a run may cost ----------------------------------------------------------------------------------
+
+
+def synthesis_worst_case(report: Report, model: str) -> Decimal:
+    """The most the synthesis call can cost."""
+    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=synthesis_messages(report),
+                          max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
+
+
+def chapter_worst_case(report: Report, model: str) -> Decimal:
+    """The most one chapter call can cost: the prompt of the chapter with the longest key."""
+    longest = max(report.chapter_keys, key=len)
+    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=chapter_messages(report, longest),
+                          max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS)
+
+
+def run_worst_case(report: Report, model: str, *, chapters_left: int) -> Decimal:
+    """The most a run of this report may still reserve (and so pay), every call at its worst case: the
+    synthesis if it is not written, and each chapter not written (written ones are read back for free).
+    The chapters of a synthesis not written yet read one bounded by its whole max_tokens, each token as
+    long as the longest UTF-8 character."""
+    total = Decimal("0.000000")
+    if report.synthesis is None:
+        total += synthesis_worst_case(report, model)
+        report = copy.copy(report)
+        report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
+    if chapters_left:
+        total += chapter_worst_case(report, model) * chapters_left
+    return total
 
 
 # --- writing --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ deliver twice:
   the holder renews the lease while it works, and a lease that ran out (a dead worker) is taken over;
 - a step marks itself `done` in the same transaction as its own database effects.
 
-The runner talks only to the database. It answers with an outcome of jobs.workflow, which the task layer
+The runner talks only to the database. It answers with an outcome of jobs.outcomes, which the task layer
 (jobs.tasks) turns into Celery actions, so every path here can be driven directly from a test.
 """
 
@@ -28,9 +28,23 @@ from config.logs import log_context, log_event
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
 from jobs.models import JobStatus, StepStatus
-from jobs.outcomes import JobFailure, JobHold, JobInputError, NotYet, StepRetry
+from jobs.outcomes import (
+    Continue,
+    Done,
+    FanOut,
+    JobFailure,
+    JobHold,
+    JobInputError,
+    Later,
+    NotYet,
+    Resume,
+    StepRetry,
+    Stop,
+)
 from jobs.steps import (
+    Claim,
     DoneMark,
+    Marked,
     StepContext,
     StepRow,
     step_adopt,
@@ -46,7 +60,7 @@ from jobs.steps import (
     step_mark_done,
     step_renew_lease,
 )
-from jobs.workflow import RECIPES, Continue, Done, Effect, FanOut, Later, Recipe, Resume, Stage, StepSpec, Stop
+from jobs.workflow import RECIPES, Effect, Recipe, Stage, StepSpec
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +105,7 @@ def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
 def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None, rung: bool = False):
     """Run a stage of a job's run, then the stages after it, inline, for as long as none has to wait: a
     render the provider finished at submit needs no message to wait for it. Answers with an outcome of
-    jobs.workflow (its table says what each means for the chain). `rung`: a provider called back, so a
+    jobs.outcomes (its table says what each means for the chain). `rung`: a provider called back, so a
     waiting step looks now rather than on its schedule."""
     ctx, stop = _load(job_id, run, owner, chain, rung)
     if stop:
@@ -305,9 +319,10 @@ def _claim(ctx: StepContext, spec: StepSpec):
     return step_claim(ctx, spec.name, settings.STEP_LEASE_S)
 
 
-def _claim_leased(ctx: StepContext, spec: StepSpec):
+def _claim_leased(ctx: StepContext, spec: StepSpec) -> tuple[Claim, StepRow] | Stop | Later:
     """The step's lease: claimed ahead by the group before it, or now, in one transaction with the READ
-    marks deferred before it (they are written before anything leaves the database)."""
+    marks deferred before it (they are written before anything leaves the database). Or, when another
+    execution recorded one of those reads first and what it recorded ends this pass, that outcome."""
     if spec.name in ctx.claimed:
         return ctx.claimed.pop(spec.name)
     if not ctx.deferred:
@@ -322,7 +337,7 @@ def _claim_leased(ctx: StepContext, spec: StepSpec):
     except _LostRace:
         outcome = _adopt_all(ctx, [name for name, _ in marks])
         if outcome is not None:
-            return "adopted", outcome
+            return outcome
         return _claim(ctx, spec)  # the other execution's reads stand; this step reads them (ctx.rows)
 
 
@@ -356,15 +371,16 @@ def _run_read(ctx: StepContext, spec: StepSpec):
 
 @_logged_as_step
 def _run_external(ctx: StepContext, spec: StepSpec):
-    state, row = _claim_leased(ctx, spec)
-    if state == "adopted":
-        return row
-    if state == "held":
-        state, row = step_attach(ctx, spec.name)
-    if state == "held":
+    claimed = _claim_leased(ctx, spec)
+    if isinstance(claimed, (Stop, Later)):
+        return claimed
+    claim, row = claimed
+    if claim is Claim.HELD:
+        claim, row = step_attach(ctx, spec.name)
+    if claim is Claim.HELD:
         return Later(max(1.0, min(settings.STEP_LEASE_S, 5.0)))
-    if state != "claimed":  # done or failed meanwhile: step_claim read the row into ctx.rows
-        return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
+    if claim is not Claim.CLAIMED:  # done or failed meanwhile: step_claim read the row into ctx.rows
+        return None if claim is Claim.DONE else Stop(f"step {spec.name} failed")
     ctx.done_mark = DoneMark(row.id, ctx.owner)
     with step_heartbeat(row.id, ctx.owner, settings.STEP_LEASE_S) as lost:
         try:
@@ -376,12 +392,13 @@ def _run_external(ctx: StepContext, spec: StepSpec):
     return _record_done(ctx, spec, row, ctx.owner, result)
 
 
-def _run_ready(ctx: StepContext, spec: StepSpec):
+def _run_ready(ctx: StepContext, spec: StepSpec) -> tuple[bool, Stop | None]:
     """A wait that is over before it starts (StepSpec.ready): its writes and its done mark in one
-    statement, no lease. (None, outcome) when it ran; ("wait", None) when it must wait as usual."""
+    statement, no lease. (True, outcome) when it ran (outcome None: go on); (False, None) when it must
+    wait as usual."""
     ready = spec.ready(ctx, lambda result, when: step_done_cte(ctx, spec.name, result, when=when))
     if ready is None:
-        return "wait", None
+        return False, None
     result, marked = ready
     if marked is None:
         marked = step_insert_done(ctx, spec.name, result)
@@ -389,8 +406,8 @@ def _run_ready(ctx: StepContext, spec: StepSpec):
         step_done_recorded(ctx, spec.name, result, marked)
     if not marked:  # another execution has the step: take what it says
         outcome = step_adopt(ctx, spec.name)
-        return None, Stop(f"another poller holds {spec.name}") if isinstance(outcome, Later) else outcome
-    return None, None
+        return True, Stop(f"another poller holds {spec.name}") if isinstance(outcome, Later) else outcome
+    return True, None
 
 
 @_logged_as_step
@@ -399,16 +416,17 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
     poller from a lost one, and a second chain stops instead of polling alongside), poll under a
     heartbeat (a poll may submit the next attempt), then record what it said."""
     if spec.ready is not None and not ctx.deferred:
-        waits, outcome = _run_ready(ctx, spec)
-        if waits is None:
+        ran, outcome = _run_ready(ctx, spec)
+        if ran:
             return outcome
-    state, row = _claim_leased(ctx, spec)
-    if state == "adopted":
-        return row
-    if state == "held":
+    claimed = _claim_leased(ctx, spec)
+    if isinstance(claimed, (Stop, Later)):
+        return claimed
+    claim, row = claimed
+    if claim is Claim.HELD:
         return Stop(f"another poller holds {spec.name}")
-    if state != "claimed":
-        return None if state == StepStatus.DONE else Stop(f"step {spec.name} failed")
+    if claim is not Claim.CLAIMED:
+        return None if claim is Claim.DONE else Stop(f"step {spec.name} failed")
     ctx.done_mark = DoneMark(row.id, ctx.chain)
     with step_heartbeat(row.id, ctx.chain, settings.STEP_LEASE_S):
         try:
@@ -416,22 +434,20 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
         except StepRetry as retry:
             return _back_off(ctx, row, retry, owner=ctx.chain)
         except NotYet as not_yet:  # the next look is scheduled (executor.policy.next_poll_s)
-            result, countdown = None, not_yet.countdown
-        else:
-            countdown = settings.POLL_INTERVAL_S
-    if result is None:
-        # The lease covers the pause: the sweeper tells a live poller from a lost one by it.
-        step_renew_lease(row.id, ctx.chain, countdown + settings.STEP_LEASE_S)
-        return Later(countdown)
+            # The lease covers the pause: the sweeper tells a live poller from a lost one by it.
+            step_renew_lease(row.id, ctx.chain, not_yet.countdown + settings.STEP_LEASE_S)
+            return Later(not_yet.countdown)
     return _record_done(ctx, spec, row, ctx.chain, result)
 
 
 def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, result):
     """Mark a leased step done (one statement), unless the work marked it with its own last write
-    (ctx.done_mark). If the lease was lost meanwhile, take the other execution's outcome."""
+    (ctx.done_mark): then the step's result is the one that mark wrote. If the lease was lost meanwhile,
+    take the other execution's outcome."""
     mark, ctx.done_mark = ctx.done_mark, None
-    marked = mark.state if mark is not None and mark.state is not None and mark.result == result else None
-    if marked == "lost" or (marked is None and not step_mark_done(row.id, owner, result)):
+    if mark is not None and mark.state is Marked.DONE:
+        result = mark.result
+    elif (mark is not None and mark.state is Marked.LOST) or not step_mark_done(row.id, owner, result):
         return step_adopt(ctx, spec.name)  # our lease ran out and another execution took the step over
     ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, owner)
     log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=spec.name)

@@ -10,6 +10,7 @@ Every write here is one statement conditional on the row's state and lease, so t
 - a failure is written over a `running` row only under our lease or one that ran out, never over `done`.
 """
 
+import enum
 import logging
 import threading
 import time
@@ -26,11 +27,32 @@ from config.logs import log_event
 from config.metrics import count
 from config.sql import update_sql
 from jobs.models import Job, Step, StepStatus
-from jobs.workflow import Later, Stop
+from jobs.outcomes import Later, Stop
 
 logger = logging.getLogger(__name__)
 
 RUNNING, DONE, FAILED = StepStatus.RUNNING.value, StepStatus.DONE.value, StepStatus.FAILED.value
+
+
+class Claim(enum.Enum):
+    """What claiming a step's lease found (step_claim, step_attach)."""
+
+    CLAIMED = "claimed"  # the lease is this execution's: do the work
+    HELD = "held"  # another execution holds a live lease: attach to it, or stop
+    DONE = "done"  # the step is done (its row read into ctx.rows): go on
+    FAILED = "failed"  # the step failed: the run stops
+
+    @classmethod
+    def of(cls, row: "StepRow") -> "Claim":
+        """What a row not claimed says: held while it runs elsewhere, else its end."""
+        return {RUNNING: cls.HELD, DONE: cls.DONE, FAILED: cls.FAILED}[row.status]
+
+
+class Marked(enum.Enum):
+    """What became of a done mark the work carried (DoneMark)."""
+
+    DONE = "done"  # written with the work's last write: the step is done
+    LOST = "lost"  # the lease was someone else's: take the other execution's outcome
 
 
 @dataclass
@@ -70,6 +92,10 @@ class StepContext:
     claimed: dict = field(default_factory=dict)
     # The running leased step's done mark, for its work's last write to carry (DoneMark).
     done_mark: "DoneMark | None" = None
+    # What a step hands to a later step of this same execution, by the name of the step that made it (the
+    # submit step's accepted attempt, for the wait run right after it): never stored; another execution
+    # reads the record instead.
+    handoff: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.owner = self.owner or f"{self.task_id}#{uuid.uuid4().hex[:8]}"
@@ -105,9 +131,9 @@ RETURNING id, attempts, lease_until
 """
 
 
-def step_claim(ctx: StepContext, name: str, lease_s: float, *, owner: str | None = None) -> tuple[str, StepRow]:
+def step_claim(ctx: StepContext, name: str, lease_s: float, *, owner: str | None = None) -> tuple[Claim, StepRow]:
     """Claim the step's lease: the row is new, its lease ran out (a dead holder), it is ours, or it was
-    reserved for this task (sent again after a back-off). Returns ("claimed" | "done" | "failed" | "held", row).
+    reserved for this task (sent again after a back-off). Returns what it found, and the row.
 
     The upsert's WHERE decides a race between two executions: Postgres serialises them on the row, the
     second re-evaluates the WHERE against the first's lease and gets no row back.
@@ -122,11 +148,9 @@ def step_claim(ctx: StepContext, name: str, lease_s: float, *, owner: str | None
         row = StepRow(claimed[0], name, RUNNING, None, claimed[1], owner, claimed[2])
         _log_claim(ctx, name, ctx.rows.get(name), row)
         ctx.rows[name] = row
-        return "claimed", row
+        return Claim.CLAIMED, row
     row = step_reload(ctx, name)
-    if row.status == RUNNING:
-        return "held", row
-    return row.status, row
+    return Claim.of(row), row
 
 
 def _log_claim(ctx: StepContext, name: str, before: StepRow | None, row: StepRow) -> None:
@@ -145,17 +169,17 @@ def _log_claim(ctx: StepContext, name: str, before: StepRow | None, row: StepRow
               previous_owner=before.lease_owner if before is not None and event == "step.taken_over" else None)
 
 
-def step_attach(ctx: StepContext, name: str) -> tuple[str, StepRow]:
+def step_attach(ctx: StepContext, name: str) -> tuple[Claim, StepRow | None]:
     """Another execution holds a live lease: wait for its result instead of doing the work again. If its
     lease runs out meanwhile (its worker died), take the step over."""
     deadline = time.monotonic() + settings.ATTACH_WAIT_S
-    state, row = "held", None
+    claim, row = Claim.HELD, None
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        state, row = step_claim(ctx, name, settings.STEP_LEASE_S)
-        if state != "held":
+        claim, row = step_claim(ctx, name, settings.STEP_LEASE_S)
+        if claim is not Claim.HELD:
             break
-    return state, row
+    return claim, row
 
 
 @contextmanager
@@ -223,12 +247,13 @@ class DoneMark:
     - `in_transaction(result)`: the mark, inside a transaction the work has open.
 
     Either way the mark is conditional on our lease, as step_mark_done is. The runner reads `state`
-    afterwards: None (not marked: it marks the step itself), "done", or "lost" (the lease was someone
-    else's: adopt their outcome)."""
+    afterwards: None (not marked: it marks the step itself with what the work returned), or a Marked, with
+    `result` the one written. One statement joining the work of two apps to save a commit, where it is
+    `with_update` (tests/test_commit_budget.py)."""
 
     def __init__(self, step_id: int, owner: str):
         self.step_id, self.owner = step_id, owner
-        self.state: str | None = None
+        self.state: Marked | None = None
         self.result = None
 
     def with_update(self, result, queryset, fields: dict) -> bool:
@@ -250,7 +275,7 @@ class DoneMark:
         self._marked(result, step_mark_done(self.step_id, self.owner, result))
 
     def _marked(self, result, marked: bool) -> None:
-        self.state, self.result = ("done" if marked else "lost"), result
+        self.state, self.result = (Marked.DONE if marked else Marked.LOST), result
 
 
 _INSERT_DONE_SQL = f"""

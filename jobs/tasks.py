@@ -7,26 +7,26 @@ import logging
 
 from celery import group, shared_task, signature
 
-from executor.attempts import sweep_cancelled
-from jobs import runner, sweeper, workflow
+from executor.cancel import sweep_cancelled
+from jobs import outcomes, runner, sweeper
 from jobs.chain import start_run
 
 logger = logging.getLogger(__name__)
 
 
 def _follow(task, outcome, job_id: str, run: int) -> None:
-    """Turn the runner's outcome into Celery actions, as the table in jobs.workflow says. Neither Retry
+    """Turn the runner's outcome into Celery actions, as the table in jobs.outcomes says. Neither Retry
     nor Ignore is raised: each costs a formatted traceback, which is more CPU than a whole fast job; the
     same effects are had directly."""
-    if isinstance(outcome, workflow.Continue):
+    if isinstance(outcome, outcomes.Continue):
         if outcome.countdown <= 0 or not task.request.chain:
             return  # the chain's next link runs the next stage now
         _send_next(task, outcome.countdown)
-    elif isinstance(outcome, workflow.Later):
+    elif isinstance(outcome, outcomes.Later):
         _send_again(task, outcome.countdown)
-    elif isinstance(outcome, workflow.FanOut):
+    elif isinstance(outcome, outcomes.FanOut):
         group(run_substep.si(job_id, run, outcome.stage, key) for key in outcome.keys).apply_async()
-    elif isinstance(outcome, workflow.Resume):
+    elif isinstance(outcome, outcomes.Resume):
         start_run(job_id, run, outcome.kind, outcome.stage_index, outcome.countdown)
     task.request.chain = None  # Later, Done, Stop, FanOut, Resume: this execution ends the chain here
 
@@ -66,7 +66,7 @@ def run_substep(self, job_id: str, run: int, stage: str, key: str):
 @shared_task(name="jobs.stop_upstream", bind=True)
 def stop_upstream(self, job_id: str, run: int):
     """A cancel won: stop the job's upstream work now rather than at its next poll; and again once a send
-    whose answer may still come can no longer be answered (executor.attempts.cancel_current). Sent by
+    whose answer may still come can no longer be answered (executor.cancel.cancel_current). Sent by
     jobs.chain.stop_upstream."""
     stop = runner.stop_cancelled(job_id=job_id, run=run, owner=self.request.id)
     if stop.again_s is not None:

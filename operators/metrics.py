@@ -62,7 +62,7 @@ class PayonceCollector(Collector):
     (a job counted succeeded has its attempt counted succeeded too)."""
 
     def collect(self):
-        error_classes = {value for name, value in vars(ErrorClass).items() if not name.startswith("_")}
+        error_classes = {error_class.value for error_class in ErrorClass}
         outer = connection.in_atomic_block
         with transaction.atomic(), connection.cursor() as cursor:
             if not outer:  # SET TRANSACTION must come first; inside a caller's transaction, theirs holds

@@ -19,16 +19,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone as dt_timezone
 from decimal import Decimal
 
-from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from billing import rates
-from executor.attempts import LLM_MAX_TOKENS
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 from jobs import reports
 from jobs.models import OPEN_STATUSES, ChapterStatus, Client, Job, JobKind, JobStatus, Report, ReportChapter
-from jobs.recipes import chapter_worst_case
 from jobs.services import job_cancel, job_retry
 from operators.models import OperatorAction, OperatorActionKind
 from webhooks.models import DeliveryStatus
@@ -223,30 +220,12 @@ def _media_worst_case(chain: list[str], attempts_per_model) -> Decimal:
     return sum((rates.worst_case(model) * tries for model in chain), Decimal("0.000000"))
 
 
-def _report_worst_case(job: Job, report, chapters_left: int) -> Decimal:
-
+def _report_worst_case(job: Job, report: Report | None, chapters_left: int) -> Decimal:
     if report is None:  # it failed before its first step wrote the report: everything is still to write
         report = Report(job=job, subject=(job.input or {}).get("subject"),
                         chapter_keys=list((job.input or {}).get("chapters", [])))
         chapters_left = len(report.chapter_keys)
-    synthesis = Decimal("0.000000")
-    if report.synthesis is None:
-        synthesis = rates.worst_case(job.model_chain[0], max_tokens=min(settings.REPORT_SYNTHESIS_MAX_TOKENS,
-                                                                        LLM_MAX_TOKENS),
-                                     input_tokens=rates.input_tokens_bound(reports.SYSTEM_PROMPT,
-                                                                           reports.synthesis_messages(report)))
-        # The chapters read a synthesis not written yet: bound it by its whole max_tokens, each token
-        # as long as the longest UTF-8 character.
-        report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
-    if not chapters_left:
-        return synthesis
-    return synthesis + chapter_worst_case(_RunOf(job), report) * chapters_left
-
-
-@dataclass
-class _RunOf:
-    """The little of a step's context that jobs.recipes.chapter_worst_case reads."""
-    job: Job
+    return reports.run_worst_case(report, job.model_chain[0], chapters_left=chapters_left)
 
 
 # --- acting ---------------------------------------------------------------------------------------------

@@ -15,15 +15,16 @@ from django.utils import timezone
 from billing import months, rates, services
 from billing.models import BudgetMonth, ModelPrice, Reservation
 from billing.selectors import month_totals
-from executor import attempts
+from executor import llm, render
 from executor.models import Attempt
 from executor.providers import anthropic, openai_compat
 from executor.providers.sandbox import SandboxProvider
 from executor.services import attempt_telemetry_record
-from jobs import runner, workflow
+from jobs import runner
+from jobs.outcomes import Done, FanOut, Later, Resume, Stop
 from jobs.models import Client, Job
 from jobs.outcomes import JobFailure, StepRetry
-from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
+from jobs.workflow import RECIPES, Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
 
@@ -222,7 +223,7 @@ def test_an_intent_that_loses_its_race_leaves_no_reservation(ledger, db):
     Attempt.objects.create(job=job, run=1, number=1, provider="sandbox", model="video-keyed",
                            upstream_key=f"payonce-{job.id}-1", state="running", sends=1)
     with pytest.raises(StepRetry, match="attempt_one_out_per_run"):
-        attempts._intend(job, "sandbox/video-keyed")  # the INSERT fails, and with it the reservation
+        render.intend(job, "sandbox/video-keyed")  # the INSERT fails, and with it the reservation
     assert not Reservation.objects.exists() and not BudgetMonth.objects.filter(reserved__gt=0).exists()
 
 
@@ -234,12 +235,12 @@ def run_media(job):
     for stage in ("prepare", "wait", "finish"):
         for _ in range(200):
             outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain="c")
-            if not isinstance(outcome, workflow.Later):
+            if not isinstance(outcome, Later):
                 break
             import time
 
             time.sleep(min(outcome.countdown, 0.3))
-        if isinstance(outcome, workflow.Stop):
+        if isinstance(outcome, Stop):
             return outcome
     return outcome
 
@@ -276,7 +277,7 @@ def test_a_422_refusal_releases(ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client, input={"prompt": "refused", "render_s": 0})
     ledger.faults([{"model": "video-keyed", "action": "status_422"}])
-    assert run_media(job) == workflow.Stop("failed: INVALID_INPUT")
+    assert run_media(job) == Stop("failed: INVALID_INPUT")
     assert reservations(job) == [("released", D("0.40"), None, False)]
     assert (month_row(client).spent, month_row(client).reserved) == (D("0"), D("0"))
     assert assert_books_balance(ledger) == []
@@ -288,7 +289,7 @@ def test_a_blind_uncertain_attempt_keeps_its_reservation_until_a_person_decides(
     client = client_with_cap("1.00")
     job = job_of(client, models=["sandbox/image-blind"], input={"prompt": "lost", "render_s": 0})
     ledger.faults([{"model": "image-blind", "action": "accept_then_drop"}])
-    assert run_media(job) == workflow.Stop("held: UNCERTAIN_SUBMIT")
+    assert run_media(job) == Stop("held: UNCERTAIN_SUBMIT")
     assert reservations(job) == [("held", D("0.04"), None, True)]  # held, and counted unpriced meanwhile
     assert month_row(client).reserved == D("0.04")
     job.refresh_from_db()
@@ -305,7 +306,7 @@ def test_an_unpriced_call_keeps_its_reservation_as_spent_and_shows_as_unpriced(l
     job = job_of(client)
     ModelPrice.objects.create(model="sandbox/llm", note="price unknown for this test")
     rates.forget_overrides()
-    result = attempts.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
+    result = llm.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
                                messages=[{"role": "user", "content": "hello"}], max_tokens=100)
     [attempt] = Attempt.objects.filter(job=job)
     assert result["cost_usd"] is None and attempt.cost_usd is None
@@ -337,7 +338,7 @@ def fanout_recipe() -> Recipe:
         return {"reserved": True}
 
     def unit(ctx, key):
-        return attempts.llm_call(ctx.job, step=f"unit-{key}", model_name="sandbox/llm", system="s",
+        return llm.llm_call(ctx.job, step=f"unit-{key}", model_name="sandbox/llm", system="s",
                                  messages=UNIT_MESSAGES, max_tokens=200, pool=f"fanout-{ctx.job.id}")
 
     def join(ctx):
@@ -352,7 +353,7 @@ def fanout_recipe() -> Recipe:
 
 
 def fanout_job(monkeypatch, client) -> Job:
-    monkeypatch.setitem(workflow.RECIPES, "report", fanout_recipe())
+    monkeypatch.setitem(RECIPES, "report", fanout_recipe())
     job = job_of(client)
     Job.objects.filter(id=job.id).update(kind="report")
     job.refresh_from_db()
@@ -362,7 +363,7 @@ def fanout_job(monkeypatch, client) -> Job:
 def test_a_fan_out_too_big_for_the_budget_is_refused_before_any_provider_call(ledger, monkeypatch, db):
     client = client_with_cap(str(unit_worst_case() * 2))  # room for two units, three planned
     job = fanout_job(monkeypatch, client)
-    assert runner.run_stage(job_id=job.id, run=1, stage="preflight", owner="t") == workflow.Stop("failed: BUDGET_EXCEEDED")
+    assert runner.run_stage(job_id=job.id, run=1, stage="preflight", owner="t") == Stop("failed: BUDGET_EXCEEDED")
     assert ledger.calls() == [] and Attempt.objects.filter(job=job).count() == 0
     assert not BudgetMonth.objects.filter(client=client, reserved__gt=0).exists()
 
@@ -371,13 +372,13 @@ def test_a_fan_out_that_fits_runs_every_unit_and_releases_the_rest(ledger, monke
     worst = unit_worst_case()
     client = client_with_cap(str(worst * 3 + D("0.05")))
     job = fanout_job(monkeypatch, client)
-    assert runner.run_stage(job_id=job.id, run=1, stage="preflight", owner="t") == workflow.FanOut("units", UNITS)
+    assert runner.run_stage(job_id=job.id, run=1, stage="preflight", owner="t") == FanOut("units", UNITS)
     # Another job of the client takes what is left of the month meanwhile: the units are not refused.
     other = job_of(client)
     assert reserve(other, "other", "0.05") and not reserve(other, "more", "0.000001")
     outcomes = [runner.run_substep(job_id=job.id, run=1, stage="units", key=key, owner=f"u{key}") for key in UNITS]
-    assert outcomes[-1] == workflow.Resume("report", 2)
-    assert runner.run_stage(job_id=job.id, run=1, stage="join", owner="t") == workflow.Done()
+    assert outcomes[-1] == Resume("report", 2)
+    assert runner.run_stage(job_id=job.id, run=1, stage="join", owner="t") == Done()
 
     charges = assert_books_balance(ledger)
     assert len(charges) == 3
@@ -397,7 +398,7 @@ def test_telemetry_reported_twice_counts_once_and_a_later_cost_fills_it_in(ledge
     job = job_of(client)
     ModelPrice.objects.create(model="sandbox/llm", note="unpriced until the provider reports it")
     rates.forget_overrides()
-    attempts.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
+    llm.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
                       messages=[{"role": "user", "content": "hi"}], max_tokens=50)
     [attempt] = Attempt.objects.filter(job=job)
     kept = month_row(client).spent  # unpriced: the whole reservation is spent

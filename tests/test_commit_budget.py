@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import runner, services, workflow
+from jobs import outcomes, runner, services
 from jobs.models import Client, ClientAPIKey, JobStatus
 from jobs.serializers import JobCreateSerializer
 from tests.conftest import HOOK_URL
@@ -75,9 +75,9 @@ def media_job_statements(credentials: dict, key: str) -> list[str]:
         stages, index = ["prepare", "wait", "finish"], 0
         for _ in range(100):
             outcome = runner.run_stage(job_id=job.id, run=1, stage=stages[index], owner="budget")
-            if isinstance(outcome, (workflow.Later, workflow.Continue)):
+            if isinstance(outcome, (outcomes.Later, outcomes.Continue)):
                 time.sleep(outcome.countdown)
-                index += isinstance(outcome, workflow.Continue)
+                index += isinstance(outcome, outcomes.Continue)
                 continue
             break
     job.refresh_from_db()
@@ -116,10 +116,10 @@ def chapter_statements(credentials: dict, key: str) -> list[str]:
     client = Client.objects.get(id=credentials["client_id"])
     job, _ = services.job_create(client=client, idempotency_key=key, data=dict(serializer.validated_data))
     outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="budget")
-    assert outcome == workflow.FanOut("chapters", ["sun", "moon"]), outcome
+    assert outcome == outcomes.FanOut("chapters", ["sun", "moon"]), outcome
     with CaptureQueriesContext(connection) as captured:
         outcome = runner.run_substep(job_id=job.id, run=1, stage="chapters", key="sun", owner="budget")
-    assert outcome == workflow.Stop("waiting for sibling sub-steps"), outcome
+    assert outcome == outcomes.Stop("waiting for sibling sub-steps"), outcome
     return [query["sql"] for query in captured.captured_queries]
 
 

@@ -11,7 +11,8 @@ from django.utils import timezone
 from executor import services as executor_services
 from jobs import runner, services, sweeper, workflow
 from jobs.models import Job, JobStatus, Step, StepStatus
-from jobs.workflow import Continue, Done, Effect, FanOut, FanOutSpec, Later, Recipe, Resume, Stage, StepSpec, Stop
+from jobs.outcomes import Continue, Done, FanOut, Later, Resume, Stop
+from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import HOOK_URL, concurrently, media_body
 from webhooks.models import Delivery
 

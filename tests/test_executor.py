@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from executor.models import Attempt
 from executor.store import client_store
-from jobs import runner, workflow
+from jobs import runner
+from jobs.outcomes import Stop
 from jobs.models import Job, Step
 from jobs.tasks import start_run
 from tests.conftest import HOOK_URL, media_body
@@ -433,7 +434,7 @@ def test_a_key_the_store_cannot_hold_ends_the_job_upload_failed_before_anything_
 
     outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="t")
 
-    assert outcome == workflow.Stop("failed: UPLOAD_FAILED")
+    assert outcome == Stop("failed: UPLOAD_FAILED")
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "UPLOAD_FAILED"
     assert ledger.calls() == [] and attempts(job.id) == []
@@ -460,7 +461,7 @@ def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker
     ]
     uploaded = requests.get(f"{ledger.url}/v1/inputs/inp_000001/content", timeout=5).content
     assert uploaded == png
-    sent = Attempt.objects.get(job_id=job["id"], number=2).request["inputs"]
+    sent = Attempt.objects.get(job_id=job["id"], number=2).uploaded_inputs
     assert sent == ["inp_000002"]
     assert len(assert_books_balance(ledger)) == 1
 
@@ -494,7 +495,7 @@ def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settin
 
     outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="t")
 
-    assert outcome == workflow.Stop("failed: PRE_SUBMIT_REFUSED")
+    assert outcome == Stop("failed: PRE_SUBMIT_REFUSED")
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "PRE_SUBMIT_REFUSED"
     assert "alice example" in job.error["message"].lower()

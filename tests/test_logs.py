@@ -192,9 +192,10 @@ def make_attempt(job: Job, number: int, step: str = "submit", **fields) -> Attem
 
 @pytest.mark.django_db(transaction=True)
 def test_each_state_change_logs_one_event_with_its_ids():
-    from executor import attempts
+    from executor import cancel, record
+    from executor.record import Money
     from jobs import services, sweeper
-    from jobs.steps import StepContext, step_claim, step_reload
+    from jobs.steps import Claim, StepContext, step_claim, step_reload
     from webhooks.services import delivery_replay
 
     # Deliveries are written (and purged below, never sent); a polling client's would not be.
@@ -218,11 +219,11 @@ def test_each_state_change_logs_one_event_with_its_ids():
             delivery_replay(delivery=Delivery.objects.get(id=needs_review))
             ctx = StepContext(job=paying, task_id="task-2", chain="chain-2")
             step_reload(ctx, "submit")
-            assert step_claim(ctx, "submit", 30)[0] == "claimed"  # the dead holder's lease ran out
-            assert step_claim(ctx, "submit", 30)[0] == "claimed"  # its own lease again: not an event
-            assert attempts._end(unknown, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=attempts.HOLD,
+            assert step_claim(ctx, "submit", 30)[0] is Claim.CLAIMED  # the dead holder's lease ran out
+            assert step_claim(ctx, "submit", 30)[0] is Claim.CLAIMED  # its own lease again: not an event
+            assert record.end(unknown, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.HOLD,
                                  error_class="network", error="no answer")
-            assert attempts.sweep_cancelled() == 2
+            assert cancel.sweep_cancelled() == 2
             assert [job[0] for job in sweeper.sweep()] == [str(stuck.id)]
     finally:  # what the services enqueued (a run, a cancel, a delivery) is for no worker of this test
         purge_queue(settings.CELERY_BROKER_URL, "jobs")

@@ -19,10 +19,12 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from config.sql import violated_constraint
-from executor import attempts
+from executor import cancel, record, render
+from executor.record import Money
 from executor.models import Attempt, AttemptState
 from executor.providers.base import Submission
-from jobs import runner, workflow
+from jobs import runner
+from jobs.outcomes import Continue, Done, Later, Stop
 from jobs.models import Job, Step
 from jobs.outcomes import StepRetry
 from jobs.steps import StepContext, step_end_failed
@@ -65,9 +67,9 @@ def test_two_executions_deciding_on_one_number_take_two_numbers_and_reserve_once
 
     job = new_job(api)
     attempt_row(job, 1)  # another execution (a sibling step) took number 1 a moment ago ...
-    stale, real = iter([1]), attempts._next_number
-    monkeypatch.setattr(attempts, "_next_number", lambda job: next(stale, None) or real(job))  # ... we read it stale
-    attempt = attempts._intend(job, "sandbox/video-keyed")
+    stale, real = iter([1]), record.next_number
+    monkeypatch.setattr(record, "next_number", lambda job: next(stale, None) or real(job))  # ... we read it stale
+    attempt = render.intend(job, "sandbox/video-keyed")
     assert attempt.number == 2 and attempt.upstream_key == f"payonce-{job.id}-2"
     assert sorted(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1, 2]
     assert list(Reservation.objects.values_list("key", flat=True)) == [f"payonce-{job.id}-2"]  # no orphan
@@ -82,7 +84,7 @@ def test_a_second_attempt_of_a_run_is_refused_while_one_is_out(api, ledger, stat
     job = new_job(api)
     attempt_row(job, 1, state=state)
     with pytest.raises(StepRetry, match="attempt_one_out_per_run"):
-        attempts._intend(job, "sandbox/video-keyed")
+        render.intend(job, "sandbox/video-keyed")
     assert list(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1]
     assert ledger.calls() == []
 
@@ -104,7 +106,7 @@ def test_the_limit_is_one_out_per_run(api):
 def test_the_intent_refuses_to_run_inside_an_outer_transaction(api, ledger):
     job = new_job(api)
     with pytest.raises(RuntimeError, match="not inside a transaction"), transaction.atomic():
-        attempts._intend(job, "sandbox/video-keyed")
+        render.intend(job, "sandbox/video-keyed")
     assert Attempt.objects.filter(job=job).count() == 0 and ledger.calls() == []
 
 
@@ -115,7 +117,7 @@ def test_the_intent_is_committed_when_the_provider_receives_the_call(api, ledger
 
     def pay():
         try:
-            outcome["result"] = attempts.submit(job)
+            outcome["result"] = render.submit(job)
         finally:
             connections.close_all()
 
@@ -129,7 +131,7 @@ def test_the_intent_is_committed_when_the_provider_receives_the_call(api, ledger
     [seen] = Attempt.objects.filter(job=job)
     assert (seen.state, seen.upstream_key, seen.sends) == ("submitting", f"payonce-{job.id}-1", 1)
     payer.join(timeout=15)
-    assert outcome["result"]["upstream_key"] == f"payonce-{job.id}-1"
+    assert outcome["result"].upstream_key == f"payonce-{job.id}-1"
     assert len(assert_books_balance(ledger)) == 1
 
 
@@ -141,11 +143,11 @@ def test_a_stale_execution_changes_nothing(api, ledger):
     fresh = attempt_row(job, 1, state=AttemptState.SUBMITTING)
     stale = Attempt.objects.get(id=fresh.id)
     # The fresh execution resolved the attempt: uncertain, a person decides.
-    assert attempts._end(fresh, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=attempts.HOLD,
+    assert record.end(fresh, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.HOLD,
                          error="unknown")
     # The stale one, still holding `submitting`, records an acceptance it thinks it saw: nothing changes,
     # and it re-reads what the record says.
-    attempts._answered_accepted(stale, Submission(upstream_id="gen_stale", status="running"), None)
+    render._answered_accepted(stale, Submission(upstream_id="gen_stale", status="running"), done=None)
     row = Attempt.objects.get(id=fresh.id)
     assert (row.state, row.upstream_id, row.accepted_at) == ("uncertain", "", None)
     assert stale.state == "uncertain"
@@ -155,8 +157,8 @@ def test_a_cancel_that_loses_to_a_success_leaves_the_success(api, ledger):
     job = new_job(api)
     fresh = attempt_row(job, 1, state=AttemptState.RUNNING)
     stale = Attempt.objects.get(id=fresh.id)
-    assert attempts._end(fresh, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=attempts.SETTLE)
-    assert not attempts._end(stale, AttemptState.FAILED, expect=AttemptState.RUNNING, money=attempts.SETTLE,
+    assert record.end(fresh, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=Money.SETTLE)
+    assert not record.end(stale, AttemptState.FAILED, expect=AttemptState.RUNNING, money=Money.SETTLE,
                              error_class="cancelled")
     assert Attempt.objects.get(id=fresh.id).state == "succeeded"
 
@@ -194,7 +196,7 @@ def drive(job, stage: str, chain: str = "chain-1") -> list:
     while time.monotonic() < deadline:
         outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain=chain)
         outcomes.append(outcome)
-        if not isinstance(outcome, workflow.Later):
+        if not isinstance(outcome, Later):
             return outcomes
         time.sleep(min(outcome.countdown, 5))
     raise AssertionError(f"stage {stage} did not settle: {outcomes[-3:]}")
@@ -205,11 +207,11 @@ def test_a_render_that_never_finishes_ends_at_the_wait_deadline(api, ledger, set
     job = new_job(api, render_s=600)
     # The first poll would be at the render's expected 600 s; the deadline comes first.
     first = drive(job, "prepare")[-1]
-    assert isinstance(first, workflow.Continue) and first.countdown <= 1.6
+    assert isinstance(first, Continue) and first.countdown <= 1.6
 
     outcomes = drive(job, "wait")
 
-    assert outcomes[-1] == workflow.Stop("failed: WINDOW_EXPIRED")
+    assert outcomes[-1] == Stop("failed: WINDOW_EXPIRED")
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "WINDOW_EXPIRED"
     [attempt] = Attempt.objects.filter(job=job)
@@ -222,13 +224,13 @@ def test_a_render_that_never_finishes_ends_at_the_wait_deadline(api, ledger, set
 def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(api, ledger, settings):
     settings.WAIT_DEADLINE_S = 6
     job = new_job(api, render_s=2)
-    assert isinstance(drive(job, "prepare")[-1], workflow.Continue)  # the first poll is due at 2 s
+    assert isinstance(drive(job, "prepare")[-1], Continue)  # the first poll is due at 2 s
     ledger.faults([{"model": "video-keyed", "action": "status_503", "on": "poll", "times": 50}])
 
     outcomes = drive(job, "wait")
 
-    waits = [o.countdown for o in outcomes if isinstance(o, workflow.Later)][1:]  # after the first poll
-    assert outcomes[-1] == workflow.Stop("failed: WINDOW_EXPIRED")
+    waits = [o.countdown for o in outcomes if isinstance(o, Later)][1:]  # after the first poll
+    assert outcomes[-1] == Stop("failed: WINDOW_EXPIRED")
     assert len(waits) >= 3 and waits[1] > waits[0] and waits[2] > waits[1]  # backing off, not hammering
     polls = [c for c in ledger.calls() if c["kind"] == "poll"]
     assert 3 <= len(polls) <= 7  # 0.5, ~1, ~2, ~4 s: a handful within 6 s, not one per poll interval
@@ -242,7 +244,7 @@ def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(ap
 def left_out_with_a_502(job, model: str) -> Attempt:
     """The intent of `model`, sent once and answered 502 long ago (a proxy in front of the provider: a
     status the sandbox does not declare unpaid, so that send may have reached it), left `submitting`."""
-    attempt = attempts._intend(job, model)
+    attempt = render.intend(job, model)
     Attempt.objects.filter(id=attempt.id).update(last_status=502, error_class="server_error", error="Bad Gateway",
                                                  submitted_at=timezone.now() - timedelta(minutes=5))
     return attempt
@@ -252,7 +254,7 @@ def test_an_undeclared_5xx_on_a_lookup_model_is_looked_up_and_sent_again_under_t
     job = new_job(api, models=("sandbox/image-lookup",))
     attempt = left_out_with_a_502(job, "sandbox/image-lookup")
 
-    assert drive(job, "prepare")[-1] == workflow.Done()  # a render of 0 s: finished in the same pass
+    assert drive(job, "prepare")[-1] == Done()  # a render of 0 s: finished in the same pass
 
     kinds = [c["kind"] for c in ledger.calls() if c["kind"] != "media"]  # "media": the output fetched
     assert kinds == ["lookup", "submit"]  # looked up first: proven absent, then sent (the only send it had)
@@ -266,7 +268,7 @@ def test_an_undeclared_5xx_on_a_keyed_model_sends_the_same_key_again(api, ledger
     job = new_job(api)
     attempt = left_out_with_a_502(job, "sandbox/video-keyed")
 
-    assert drive(job, "prepare")[-1] == workflow.Done()
+    assert drive(job, "prepare")[-1] == Done()
 
     assert [(c["kind"], c["request_id"]) for c in ledger.calls() if c["kind"] != "media"] == [
         ("submit", f"payonce-{job.id}-1")]
@@ -286,15 +288,15 @@ def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, 
     from billing.models import Reservation
 
     job = new_job(api)
-    attempt = attempts._intend(job, "sandbox/video-keyed")
+    attempt = render.intend(job, "sandbox/video-keyed")
     long_ago = timezone.now() - timedelta(minutes=5)
     Attempt.objects.filter(id=attempt.id).update(sends=sends, submitted_at=long_ago)
-    young = attempts._intend(new_job(api), "sandbox/video-keyed")  # its answer may still come: left alone
-    chapter = attempts._intend(job, "sandbox/llm", step="chapter-intro")  # a report's chapter, its worker gone
+    young = render.intend(new_job(api), "sandbox/video-keyed")  # its answer may still come: left alone
+    chapter = record.intend(job, "sandbox/llm", step="chapter-intro", request={})  # a report's chapter, its worker gone
     Attempt.objects.filter(id=chapter.id).update(submitted_at=long_ago)
     Job.objects.filter(id__in=[job.id, young.job_id]).update(status="cancelled")
 
-    attempts.sweep_cancelled()
+    cancel.sweep_cancelled()
     attempt.refresh_from_db()
     assert attempt.state == state
     held = Reservation.objects.get(key=attempt.upstream_key)
@@ -302,7 +304,7 @@ def test_the_sweeper_ends_a_cancelled_jobs_attempt_left_submitting(api, ledger, 
     assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
     assert Attempt.objects.get(id=chapter.id).state == AttemptState.UNCERTAIN
     assert Reservation.objects.get(key=chapter.upstream_key).unpriced
-    assert attempts.sweep_cancelled() == 1  # only the young one is still out, and still left alone
+    assert cancel.sweep_cancelled() == 1  # only the young one is still out, and still left alone
     assert Attempt.objects.get(id=young.id).state == AttemptState.SUBMITTING
 
 
@@ -312,17 +314,17 @@ def test_the_sweeper_ends_a_cancelled_jobs_render_left_running_and_settles_its_c
     from billing.models import Reservation
 
     job = new_job(api)
-    attempt = attempts._intend(job, "sandbox/video-keyed")
+    attempt = render.intend(job, "sandbox/video-keyed")
     Attempt.objects.filter(id=attempt.id).update(state=AttemptState.RUNNING, accepted_at=timezone.now(),
                                                  cost_usd="0.400000", cost_source="quoted", upstream_id="gen_x")
     Job.objects.filter(id=job.id).update(status="cancelled")
 
-    assert attempts.sweep_cancelled() == 1
+    assert cancel.sweep_cancelled() == 1
     attempt.refresh_from_db()
     assert (attempt.state, attempt.error_class) == (AttemptState.FAILED, "cancelled")
     settled = Reservation.objects.get(key=attempt.upstream_key)
     assert (settled.state, str(settled.spent)) == ("settled", "0.400000")
-    assert attempts.sweep_cancelled() == 0
+    assert cancel.sweep_cancelled() == 0
 
 
 def test_an_uncertain_attempt_holds_its_run_even_when_the_hold_never_reached_the_job(api, ledger):
@@ -335,7 +337,7 @@ def test_an_uncertain_attempt_holds_its_run_even_when_the_hold_never_reached_the
     Attempt.objects.create(job=job, run=job.run, number=1, provider="sandbox", model="image-blind", step="submit",
                            upstream_key=f"payonce-{job.id}-1", state=AttemptState.UNCERTAIN, sends=1, request={})
     with pytest.raises(JobHold) as held:
-        attempts.submit(job)
+        render.submit(job)
     assert held.value.code == "UNCERTAIN_SUBMIT"
     assert list(Attempt.objects.filter(job=job).values_list("number", flat=True)) == [1]
     assert ledger.calls() == []
@@ -352,11 +354,11 @@ def test_a_pass_deciding_from_a_stale_attempt_steps_back_instead_of_failing_the_
     attempt_row(job, 2, state=AttemptState.SUBMITTING)  # the other pass's, out now
 
     with pytest.raises(StepRetry):
-        attempts._next_model(job, first)
+        render._next_model(job, first)
     assert Job.objects.get(id=job.id).status not in ("failed",)
     # With no attempt after it, the same decision is the model's last try spent: the chain is over.
     Attempt.objects.filter(job=job, number=2).update(state=AttemptState.FAILED)
     from jobs.outcomes import JobFailure
 
     with pytest.raises(JobFailure):
-        attempts._next_model(job, Attempt.objects.get(job=job, number=2))
+        render._next_model(job, Attempt.objects.get(job=job, number=2))

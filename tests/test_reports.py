@@ -98,27 +98,29 @@ def report_job(api, chapters=CHAPTERS) -> Job:
 
 def drive_report(job) -> list:
     """Every stage of the report, in process, the way its tasks would run them (fan-out units one by one)."""
-    from jobs import runner, workflow
+    from jobs import runner
+    from jobs.outcomes import FanOut, Later, Resume
+    from jobs.workflow import RECIPES
 
     outcomes, stage, deadline = [], "prepare", time.monotonic() + 60
     while stage is not None:
         assert time.monotonic() < deadline, outcomes[-5:]
         outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain="c")
         outcomes.append(outcome)
-        if isinstance(outcome, workflow.Later):
+        if isinstance(outcome, Later):
             time.sleep(min(outcome.countdown, 0.5))
             continue
-        if isinstance(outcome, workflow.FanOut):
+        if isinstance(outcome, FanOut):
             resumed = None
             for key in outcome.keys:
                 while True:
                     unit = runner.run_substep(job_id=job.id, run=job.run, stage=outcome.stage, key=key, owner=f"u-{key}")
-                    if not isinstance(unit, workflow.Later):
+                    if not isinstance(unit, Later):
                         break
                     time.sleep(min(unit.countdown, 0.5))
                 outcomes.append(unit)
-                resumed = unit if isinstance(unit, workflow.Resume) else resumed
-            stage = workflow.RECIPES["report"].stages[resumed.stage_index].name if resumed else None
+                resumed = unit if isinstance(unit, Resume) else resumed
+            stage = RECIPES["report"].stages[resumed.stage_index].name if resumed else None
             continue
         stage = None
     return outcomes

@@ -2,10 +2,11 @@
 
 Two kinds of adapter sit behind it: media providers (async renders: submit, poll, fetch) and text
 providers (LLM calls: complete). Error classes (docs/design.md, "The attempt runner") are carried on the exception, so
-retry policy is decided in one place (executor.attempts), never by scattered try/except blocks.
+retry policy is decided in one place (executor.policy), never by scattered try/except blocks.
 """
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from config.retry import parse_retry_after  # noqa: F401 (the adapters read Retry-After through here)
@@ -47,7 +48,10 @@ CHEAP_LLM = Capabilities(idempotency_key=False, lookup=False, asynchronous=False
                          resubmit_uncertain=True, unpaid_statuses=frozenset({429, 500, 502, 503, 504, 529}))
 
 
-class ErrorClass:
+class ErrorClass(StrEnum):
+    """Why an attempt failed (Attempt.error_class): what the policy's tables decide by. A provider's
+    failure carries its class (ProviderError.kind); the last two are payonce's own refusals before a send."""
+
     AUTH = "auth"
     INVALID_INPUT = "invalid_input"
     CANCELLED = "cancelled"
@@ -59,6 +63,8 @@ class ErrorClass:
     REFUSED = "refused"
     UNAVAILABLE = "unavailable"
     WINDOW_EXPIRED = "window_expired"
+    PRE_SUBMIT_REFUSED = "pre_submit_refused"  # a pre-submit check said no (settings.PRE_SUBMIT_CHECKS)
+    UPLOAD_FAILED = "upload_failed"  # an input could not be uploaded, for good
 
 
 class ProviderError(Exception):

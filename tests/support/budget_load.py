@@ -41,9 +41,9 @@ def barrier(client, key: str, parties: int, trial: int) -> None:
 def load(plan_path: str, index: int, result_path: str) -> None:
     import redis
 
-    from executor import attempts
+    from executor import render
     from jobs.models import Job
-    from jobs.outcomes import JobFailure
+    from jobs.outcomes import JobFailure, NotYet
 
     plan = json.loads(Path(plan_path).read_text())
     processes = plan["processes"]
@@ -56,9 +56,14 @@ def load(plan_path: str, index: int, result_path: str) -> None:
         paid = refused = 0
         for job in jobs:
             try:
-                attempts.submit(job)
-                while attempts.wait(job) is None:
-                    time.sleep(0.01)
+                accepted = render.submit(job)
+                while True:
+                    try:
+                        render.wait(job, attempt=accepted)
+                        break
+                    except NotYet:  # the render runs: look again (at the record)
+                        accepted = None
+                        time.sleep(0.01)
                 paid += 1
             except JobFailure as failure:
                 if failure.code != "BUDGET_EXCEEDED":

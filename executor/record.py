@@ -1,0 +1,284 @@
+"""An attempt's record: its upstream key, the intent committed (with its reservation) before any call,
+and every later change of its row, each conditional on the state it expects, with its money moved in the
+same transaction (docs/design.md, "Intent before spend, and the recovery table").
+
+The attempt runners (executor.render for media, executor.llm for LLM calls, executor.cancel for a
+cancelled job's) change attempts only through these functions.
+"""
+
+import enum
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from billing import rates
+from billing import services as billing
+from billing.models import RESERVATION_KEY_CONSTRAINT
+from config.logs import log_event
+from config.sql import violated_constraint
+from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
+from executor.registry import model_spec
+from jobs.outcomes import JobFailure, StepRetry
+
+logger = logging.getLogger(__name__)
+
+# --- the upstream key -------------------------------------------------------------------------------------
+
+_UPSTREAM_KEY = re.compile(r"\Apayonce-(?P<job>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+                           r"-(?P<n>[0-9]+)\Z", re.ASCII)
+
+
+def upstream_key(job_id, number: int) -> str:
+    """One key per decision to pay (seed 002): derived from the durable record, never random, so anyone
+    holding the job row computes it again."""
+    return f"payonce-{job_id}-{number}"
+
+
+def upstream_key_parts(text: str) -> tuple[uuid.UUID, int] | None:
+    """(job id, attempt number) of an upstream key, or None for anything that is not one."""
+    match = _UPSTREAM_KEY.match(text or "")
+    return (uuid.UUID(match["job"]), int(match["n"])) if match else None
+
+
+# --- the intent: committed before anything is sent ----------------------------------------------------------
+
+# The intent, inserted only if its reservation fit (billing.services.reserve_then runs it after the
+# reservation, in the same statement: `reserved` is that reservation). One statement joining the work of
+# two apps to save a commit: tests/test_commit_budget.py holds the budget it exists for.
+_INTENT_SQL = f"""
+INSERT INTO executor_attempt (job_id, run, step, number, provider, model, upstream_key, upstream_id, state,
+                              request, sends, poll_errors, created_at, submitted_at)
+SELECT %(a_job)s, %(a_run)s, %(a_step)s, %(a_number)s, %(a_provider)s, %(a_model)s, %(a_key)s, '',
+       '{AttemptState.SUBMITTING}', %(a_request)s, 1, 0, %(a_now)s, %(a_now)s
+  FROM reserved
+RETURNING id
+"""
+# How often an intent takes the job's next number again after a sibling step took it first.
+_NUMBER_TRIES = 20
+
+
+def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decimal | None = None,
+           pool: str | None = None, number_hint: int | None = None) -> Attempt:
+    """Commit the attempt as `submitting`, with its key and the exact request (`request` and the metadata
+    that ties a charge to it), before anything is sent. Returns it, sent once (`sends` 1).
+
+    1. The number is the job's next (across runs and models): its upstream key is payonce-{job}-{n}.
+       The caller's guess (`number_hint`) saves the read; a wrong guess loses on attempt_job_number and
+       the next pass reads the number.
+    2. The worst case of the call (the rate card's; the penalty tier for a model it does not know) is
+       reserved against the client's month, or drawn from a fan-out's `pool`, in the same statement as
+       the INSERT (billing.services.reserve_then): one statement, so one transaction of its own,
+       committed here, before the call, with intent and reservation together or not at all. Refused:
+       nothing is written, nothing is sent, and the job fails BUDGET_EXCEEDED (or CANCELLED: nothing is
+       reserved for a cancelled job, Job.NOT_CANCELLED_SQL).
+    3. It refuses to run inside an outer transaction: one rolled back after the call went out would
+       leave spend with no record (the provider charged; the intent, its key and its reservation gone).
+    4. Two executions deciding to pay at once race on the named constraints. On attempt_job_number or
+       reservation_key (the same number, so the same upstream key: parallel chapters of one job) the
+       loser's statement fails whole, its reservation too, and it takes the next number at once. On
+       attempt_one_out_per_run (this step has an attempt out already) it sends nothing and comes back
+       later. Any other integrity error is a bug, and is raised.
+    """
+    if connection.in_atomic_block:
+        raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
+                           "whose rollback after the call would lose the record of the spend")
+    spec = model_spec(model_name)
+    worst = worst_case if worst_case is not None else rates.worst_case(model_name)
+    for _ in range(_NUMBER_TRIES):
+        number, number_hint = number_hint or next_number(job), None
+        key = upstream_key(job.id, number)
+        sent = {**request, "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key}}
+        now = timezone.now()
+        intent = {"a_job": job.id, "a_run": job.run, "a_step": step, "a_number": number, "a_provider": spec.provider,
+                  "a_model": spec.model, "a_key": key, "a_now": now,
+                  "a_request": Attempt._meta.get_field("request").get_db_prep_save(sent, connection)}
+        try:
+            rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
+                                        model=model_name, amount=worst, guard=job.NOT_CANCELLED_SQL, pool=pool)
+        except IntegrityError as exc:
+            constraint = violated_constraint(exc)
+            if constraint in (ATTEMPT_NUMBER_CONSTRAINT, RESERVATION_KEY_CONSTRAINT):
+                continue  # another step of this job (a sibling chapter) took the number first: the next one
+            if constraint == ONE_OUT_PER_RUN_CONSTRAINT:
+                raise StepRetry(f"another execution is paying for this step ({constraint})", countdown=1.0) from None
+            raise
+        if rows is None:
+            if job.cancelled_now():  # the reservation refuses a cancelled job
+                raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
+            raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not "
+                             "fit under this month's budget; nothing was sent.", model=model_name,
+                             worst_case_usd=str(worst))
+        attempt = Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
+                          model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
+                          request=sent, sends=1, poll_errors=0, created_at=now, submitted_at=now)
+        log("attempt.intent", attempt, worst_case_usd=worst)
+        return attempt
+    raise StepRetry("the job's attempt numbers are contended; trying again", countdown=0.2)
+
+
+def next_number(job) -> int:
+    """The job's next attempt number, across runs and models (read here, claimed by the INSERT)."""
+    return (Attempt.objects.filter(job=job).aggregate(n=Max("number"))["n"] or 0) + 1
+
+
+def latest(job, *, step: str) -> Attempt | None:
+    """The latest attempt of this run's `step`."""
+    return Attempt.objects.filter(job=job, run=job.run, step=step).order_by("-number").first()
+
+
+# --- changes of the row ---------------------------------------------------------------------------------------
+
+
+class Money(enum.Enum):
+    """What an attempt's end does with its reservation (billing.services)."""
+
+    SETTLE = "settle"  # the provider took it: spent at its cost (all of the reservation when nobody could price it)
+    RELEASE = "release"  # it definitely did not charge: the reservation goes back
+    HOLD = "hold"  # nobody knows whether it was paid: held, counted as unpriced, until a person decides
+    KEEP = "keep"  # nobody knows, and it is decided (a cancel, the rule for cheap calls): spent, all of it, unpriced
+
+
+def move_money(key: str, money: Money, *, cost: Decimal | None = None) -> None:
+    """Move an ended attempt's reservation as `money` says, in the transaction that ended it. Each move is
+    conditional on the reservation being held, so whoever ends the attempt moves its money once."""
+    if money is Money.SETTLE:
+        billing.settle(key=key, cost=cost)
+    elif money is Money.RELEASE:
+        billing.release(key=key)
+    elif money is Money.KEEP:
+        billing.settle(key=key, cost=None)
+    else:
+        billing.hold_unpriced(key=key)
+
+
+def update(attempt: Attempt, *, expect: str, **fields) -> bool:
+    """Change the attempt only if it is still in the state `expect`. Zero rows: another execution moved
+    it on first; this one changes nothing, re-reads the row, and its caller acts on what it says."""
+    if not Attempt.objects.filter(id=attempt.id, state=expect).update(**fields):
+        attempt.refresh_from_db()
+        return False
+    for name, value in fields.items():
+        setattr(attempt, name, value)
+    return True
+
+
+def end(attempt: Attempt, state: str, *, expect: str, money: Money, in_commit: Callable[[], None] | None = None,
+        **fields) -> bool:
+    """End the attempt and move its reservation in the same transaction (one commit), as `money` says. `in_commit` is more work of the same commit, done only if this execution
+    ended the attempt (the done mark of the step the end finishes). False, and nothing moved, when the
+    attempt had moved on already (the row is re-read)."""
+    fields = end_fields(attempt, money=money, fields=fields)
+    # No savepoint inside a caller's transaction (jobs.runner's ready wait): it all commits or none does.
+    with transaction.atomic(savepoint=False):
+        if not update(attempt, expect=expect, state=state, **fields):
+            return False
+        move_money(attempt.upstream_key, money, cost=attempt.cost_usd)
+        if in_commit is not None:
+            in_commit()
+        log_end(attempt)
+    return True
+
+
+def end_fields(attempt: Attempt, *, money: Money, fields: dict) -> dict:
+    """What an attempt's end writes besides its state: when, how long, the derived cost."""
+    now = timezone.now()
+    fields.setdefault("finished_at", now)
+    if "duration_ms" not in fields:
+        begun = attempt.accepted_at or attempt.submitted_at or attempt.created_at
+        fields["duration_ms"] = int((now - begun).total_seconds() * 1000)
+    if money is Money.SETTLE and fields.get("cost_usd", attempt.cost_usd) is None:
+        # Nobody quoted it: derive it from the rate card (what it used, or its unit price); None stays
+        # unpriced, and the whole reservation is kept as spent.
+        derived = rates.cost_of(attempt.model_name, fields.get("usage", attempt.usage))
+        if derived is not None:
+            fields.update(cost_usd=derived, cost_source="derived")
+    return fields
+
+
+def in_flight_s(attempt: Attempt) -> float:
+    """The longest a send of this attempt may take to reach its provider and be answered: the connect
+    timeout and the read timeout of its kind of call (an LLM call may write for minutes; a model no longer
+    in the catalog is given the longer one)."""
+    spec = model_spec(attempt.model_name)
+    text = spec is None or spec.kind == "text"
+    return settings.PROVIDER_CONNECT_TIMEOUT_S + (settings.LLM_READ_TIMEOUT_S if text else settings.PROVIDER_READ_TIMEOUT_S)
+
+
+def may_still_land_s(attempt: Attempt) -> float:
+    """How much longer the attempt's last send may reach the provider and be accepted (0 once it cannot,
+    or when it never went out): until then, finding nothing upstream proves nothing."""
+    if attempt.submitted_at is None:
+        return 0.0
+    return max(in_flight_s(attempt) - (timezone.now() - attempt.submitted_at).total_seconds(), 0.0)
+
+
+def claim_send(attempt: Attempt) -> bool:
+    """The right to send this attempt's request once more: a conditional bump of `sends`, so two
+    executions resolving the same attempt never both send it. The new send has no answer yet."""
+    claimed = Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, sends=attempt.sends).update(
+        sends=attempt.sends + 1, submitted_at=timezone.now(), last_status=None
+    )
+    if claimed:
+        attempt.sends, attempt.last_status = attempt.sends + 1, None
+    return bool(claimed)
+
+
+def release_send(attempt: Attempt) -> None:
+    """A send that never left (its input upload failed): it does not count."""
+    Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, sends=attempt.sends).update(
+        sends=max(attempt.sends - 1, 0))
+    attempt.sends = max(attempt.sends - 1, 0)
+
+
+def telemetry(attempt: Attempt, cost_usd: str | None, usage) -> dict:
+    """Usage and the provider's quoted cost, overwritten on every report (a replayed report changes
+    nothing else: outcome, error and timing stay as they are)."""
+    fields = {}
+    if usage is not None:
+        fields["usage"] = usage.as_dict()
+    if cost_usd is not None:
+        try:
+            fields.update(cost_usd=Decimal(cost_usd).quantize(Decimal("0.000001")), cost_source="quoted")
+        except InvalidOperation:
+            logger.warning("attempt %s: unreadable cost %r", attempt.upstream_key, cost_usd)
+    return fields
+
+
+# --- what a step keeps of an attempt ---------------------------------------------------------------------
+
+
+def accepted(attempt: Attempt) -> dict:
+    """The submit step's result: the attempt a provider accepted."""
+    return {"attempt": attempt.number, "model": attempt.model_name, "upstream_id": attempt.upstream_id,
+            "upstream_key": attempt.upstream_key}
+
+
+def finished(attempt: Attempt) -> dict:
+    """The wait step's result: the attempt that succeeded, and where its output is."""
+    finished_at = attempt.finished_at.isoformat() if attempt.finished_at else None
+    return {**accepted(attempt), "output_url": attempt.output_url, "finished_at": finished_at}
+
+
+# --- the log -------------------------------------------------------------------------------------------------
+
+
+def log(event: str, attempt: Attempt, **fields) -> None:
+    """One line per attempt event (config.logs), with the ids an operator finds it by. Never the request:
+    it holds the prompt."""
+    log_event(logger, event, job_id=attempt.job_id, run=attempt.run, step=attempt.step, attempt=attempt.number,
+              upstream_key=attempt.upstream_key, model=attempt.model_name, **fields)
+
+
+def log_end(attempt: Attempt) -> None:
+    """attempt.succeeded, attempt.failed or attempt.uncertain: how it ended, what it cost, how long it took.
+    The provider's words stay on the record (they may quote the input)."""
+    log(f"attempt.{AttemptState(attempt.state).value}", attempt, error_class=attempt.error_class,
+        last_status=attempt.last_status, sends=attempt.sends, cost_usd=attempt.cost_usd,
+        cost_source=attempt.cost_source or None, duration_ms=attempt.duration_ms)
