@@ -199,31 +199,6 @@ def fold_all() -> int:
     return sum(fold(client_id=client_id, month=month) for client_id, month in months)
 
 
-_RESETTLE_SQL = f"""
-WITH old AS (
-    SELECT id, budget_id, spent, folded FROM billing_reservation
-     WHERE key = %(key)s AND state = '{SETTLED}' AND spent IS DISTINCT FROM %(cost)s
-       FOR UPDATE),
-corrected AS (
-    UPDATE billing_reservation r SET spent = %(cost)s, unpriced = false FROM old WHERE r.id = old.id
-    RETURNING old.budget_id, old.spent AS before, old.folded),
-moved AS (
-    UPDATE billing_budgetmonth b SET spent = b.spent - corrected.before + %(cost)s
-      FROM corrected WHERE b.id = corrected.budget_id AND corrected.folded
-    RETURNING b.id)
-SELECT count(*) FROM corrected
-"""
-
-
-def resettle(*, key: str, cost: Decimal) -> bool:
-    """A later report gave the cost of a settled attempt (one settled unpriced, at its whole reservation,
-    or at an older figure): the reservation takes it, and a month that already folded it moves by the
-    difference; once (a repeat of the same report finds nothing to change)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RESETTLE_SQL, {"key": key, "cost": cost})
-        return cursor.fetchone()[0] == 1
-
-
 _HOLD_UNPRICED_SQL = f"""
 UPDATE billing_reservation SET unpriced = true WHERE key = %(key)s AND state = '{HELD}' AND NOT unpriced RETURNING id
 """

@@ -13,8 +13,12 @@ from executor.models import Attempt, AttemptState
 PAID_SQL = f"""CASE WHEN a.accepted_at IS NOT NULL OR a.cost_usd IS NOT NULL THEN 'yes'
     WHEN a.state = '{AttemptState.UNCERTAIN}' OR (a.state = '{AttemptState.SUBMITTING}' AND a.sends > 0) THEN 'unknown'
     ELSE 'no' END"""
-# Whether an attempt may have been paid: an unpriced one counts as "nobody could price it" only then.
-MAYBE_PAID_SQL = f"a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}')"
+# An attempt nobody could price: it may have been paid (accepted, or its outcome unknown) and no cost is
+# known. The one rule for a job's `cost.unpriced_attempts` wherever it is counted (the API, the event
+# stream, the admin's runs and orders); a client month counts its reservations instead
+# (billing.selectors.UNPRICED_ATTEMPT_SQL).
+UNPRICED_SQL = (f"(a.cost_usd IS NULL AND (a.accepted_at IS NOT NULL"
+                f" OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}')))")
 
 # A job's attempts, API-shaped, as one JSON value: a subquery other reads embed (`%s` is the job id
 # column or a parameter), so a job and its attempts come back in one statement.
@@ -23,7 +27,7 @@ ATTEMPTS_JSON_SQL = f"""
         'number', a.number, 'step', a.step, 'provider', a.provider, 'model', a.model, 'upstream_key', a.upstream_key,
         'state', a.state, 'error_class', a.error_class, 'error', a.error, 'duration_ms', a.duration_ms,
         'cost_usd', a.cost_usd::text, 'cost_source', a.cost_source, 'usage', a.usage, 'paid', {PAID_SQL},
-        'maybe_paid', {MAYBE_PAID_SQL})
+        'unpriced', {UNPRICED_SQL})
         ORDER BY a.number), '[]'::json)
    FROM executor_attempt a WHERE a.job_id = {{job}})
 """
@@ -55,10 +59,8 @@ def public_attempts(rows: list[dict]) -> tuple[list[dict], dict]:
     attempts, total, unpriced = [], Decimal(0), 0
     for row in rows:
         row = dict(row)
-        maybe_paid = row.pop("maybe_paid")
-        if row["cost_usd"] is None:
-            unpriced += 1 if maybe_paid else 0
-        else:
+        unpriced += row.pop("unpriced")
+        if row["cost_usd"] is not None:
             cost = Decimal(row["cost_usd"]).quantize(_SIX)
             total += cost
             row["cost_usd"] = str(cost)
@@ -92,7 +94,7 @@ class RunAttempts:
 
 _BY_RUN_SQL = f"""
 SELECT a.run, count(*), count(*) FILTER (WHERE ({PAID_SQL}) = 'yes'), count(*) FILTER (WHERE ({PAID_SQL}) = 'unknown'),
-       coalesce(sum(a.cost_usd), 0), count(*) FILTER (WHERE a.cost_usd IS NULL AND ({MAYBE_PAID_SQL}))
+       coalesce(sum(a.cost_usd), 0), count(*) FILTER (WHERE {UNPRICED_SQL})
   FROM executor_attempt a WHERE a.job_id = %s GROUP BY a.run ORDER BY a.run
 """
 

@@ -4,15 +4,11 @@ around its attempts (executor.render, executor.llm). They never change a job's s
 import errno
 import logging
 from datetime import datetime
-from decimal import Decimal
 
 from botocore.exceptions import ClientError, ParamValidationError
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
-from billing import rates
-from billing import services as billing
 from executor.models import Attempt
 from executor.providers import provider_for
 from executor.providers.base import ProviderError
@@ -136,28 +132,6 @@ def reference_read(job, key: str) -> bytes:
         if store_error_is_permanent(exc):
             raise JobFailure("INVALID_INPUT", f"The reference {key!r} cannot be read: {type(exc).__name__}") from exc
         raise StepRetry(f"the reference {key!r} could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc
-
-
-def attempt_telemetry_record(*, job_id, provider: str, number: int, usage: dict | None,
-                             cost_usd: Decimal | None, cost_source: str | None) -> bool:
-    """A telemetry report for an attempt (usage, and a cost where the provider quotes one): an upsert on
-    (job, provider, attempt number) that overwrites usage and cost and leaves outcome, error and timing
-    alone. A report repeated counts once; one that fills in a cost nobody knew moves the month's spend by
-    the difference (billing.services.resettle). False: no such attempt (nothing to report on)."""
-    attempt = Attempt.objects.filter(job_id=job_id, provider=provider, number=number).first()
-    if attempt is None:
-        logger.warning("telemetry for an unknown attempt %s/%s #%s", job_id, provider, number)
-        return False
-    if cost_usd is None and usage:
-        cost_usd, cost_source = rates.cost_of(attempt.model_name, usage), "derived"
-    fields = {"usage": usage if usage is not None else attempt.usage}
-    if cost_usd is not None:
-        fields.update(cost_usd=cost_usd, cost_source=cost_source)
-    with transaction.atomic():
-        Attempt.objects.filter(id=attempt.id).update(**fields)
-        if cost_usd is not None:
-            billing.resettle(key=attempt.upstream_key, cost=cost_usd)
-    return True
 
 
 def attempts_purge_requests(*, job_ids) -> int:

@@ -44,11 +44,6 @@ class OutputKeyConflict(ApiError):
     code = "OUTPUT_KEY_CONFLICT"
 
 
-class RequestTimeout(ApiError):
-    status_code = status.HTTP_408_REQUEST_TIMEOUT
-    code = "REQUEST_TIMEOUT"
-
-
 class ReportNotSealed(ApiError):
     status_code = status.HTTP_409_CONFLICT
     code = "REPORT_NOT_SEALED"

@@ -6,8 +6,7 @@ from datetime import timedelta
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
-from executor.selectors import attempts_json_sql
-from executor.models import AttemptState
+from executor.selectors import UNPRICED_SQL, attempts_json_sql
 from jobs.models import ChapterStatus, Client, Job, JobStatus, Step, StepStatus
 
 
@@ -163,8 +162,7 @@ SELECT j.status, j.run,
        (SELECT count(*) FILTER (WHERE c.status = '{ChapterStatus.DONE}') FROM jobs_reportchapter c WHERE c.report_id = j.id),
        (SELECT count(*) FROM jobs_reportchapter c WHERE c.report_id = j.id),
        (SELECT coalesce(sum(a.cost_usd), 0) FROM executor_attempt a WHERE a.job_id = j.id),
-       (SELECT count(*) FROM executor_attempt a WHERE a.job_id = j.id AND a.cost_usd IS NULL
-           AND (a.accepted_at IS NOT NULL OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))),
+       (SELECT count(*) FROM executor_attempt a WHERE a.job_id = j.id AND {UNPRICED_SQL}),
        floor(extract(epoch FROM greatest(
            j.updated_at,
            (SELECT max(greatest(s.started_at, coalesce(s.finished_at, s.started_at))) FROM jobs_step s

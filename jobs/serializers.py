@@ -10,6 +10,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
+from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FALLBACK_REASONS, default_policy
 from executor.registry import PAYONCE_INPUT_KEYS, input_problems, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
@@ -17,8 +18,6 @@ from jobs.models import JobKind, ReportChapter
 from jobs.selectors import succeeded_output_keys
 from webhooks import services as webhooks
 
-FALLBACK_REASONS = ("exhausted", "unavailable", "refused", "window_expired")
-DEFAULT_POLICY = {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]}
 MAX_MODELS = 5
 MAX_JSON_DEPTH = 32
 # A job's metadata is echoed in every answer, list page and event: it is for ids and tags, not payloads.
@@ -72,11 +71,11 @@ def json_depth(value, depth: int = 0) -> int:
 
 
 class PolicySerializer(StrictSerializer):
-    attempts_per_model = StrictIntegerField(min_value=1, max_value=10, default=DEFAULT_POLICY["attempts_per_model"])
+    attempts_per_model = StrictIntegerField(min_value=1, max_value=10, default=DEFAULT_ATTEMPTS_PER_MODEL)
     fallback_on = serializers.ListField(
         child=serializers.ChoiceField(choices=FALLBACK_REASONS),
         max_length=len(FALLBACK_REASONS),
-        default=lambda: list(DEFAULT_POLICY["fallback_on"]),
+        default=lambda: list(DEFAULT_FALLBACK_ON),
     )
 
     # A per-attempt window (seconds) tighter than the provider's own: past it, no retry of that model.
@@ -271,7 +270,7 @@ class JobCreateSerializer(StrictSerializer):
                 attrs["input_as_sent"], attrs["input"] = attrs["input"], dict(report_input.validated_data)
         if errors:
             raise serializers.ValidationError(errors)
-        attrs.setdefault("policy", dict(DEFAULT_POLICY))
+        attrs.setdefault("policy", default_policy())
         attrs.setdefault("metadata", {})
         return attrs
 

@@ -1,6 +1,6 @@
 """What the operators' commands share (manage.py submit, watch, spend, jobs_cancel, jobs_retry, jobs_replay,
-orders_rerun, dead_letters_replay): the job filter's arguments, client lookup, exit codes, following a job
-live, and how an action is previewed, refused or done. Every action goes through operators.operations, the
+orders_rerun, replay_deliveries, dead_letters_replay): the job filter's arguments, client lookup, exit codes,
+following a job live, and how an action is previewed, refused or done. Every action goes through operators.operations, the
 functions the admin calls, so the CLI and the admin act and count the same way.
 
 Exit codes: 0 done (a job that succeeded), 1 a job that failed or was cancelled, 2 refused (a bad
@@ -194,7 +194,7 @@ def run_action(command: BaseCommand, options, *, preview, act, pays_again: bool 
     1. a missing reason is refused before anything is read (a dry run needs none);
     2. --dry-run prints `preview()` (a operators.operations Preview) and stops: nothing changed, no audit row;
     3. an action that pays again (a retry, a re-run) says so, with its worst case, before it acts;
-    4. `act(who=, via=, reason=)` (operators.operations.jobs_act or dead_letters_replay) writes the audit row,
+    4. `act(who=, via=, reason=)` (operators.operations.jobs_act or deliveries_replay) writes the audit row,
        acts, and finishes the row; its result is printed.
     """
     as_json, out = options["json"], command.stdout
@@ -225,7 +225,7 @@ def run_action(command: BaseCommand, options, *, preview, act, pays_again: bool 
 
 def acted_text(entry: OperatorAction) -> str:
     if entry.action == OperatorActionKind.REPLAY:
-        return f"Replay: {entry.acted} deliveries sent again, for {entry.matched} matched job(s)"
+        return f"Replay: {entry.acted} deliveries sent again ({entry.matched} matched)"
     if entry.action == OperatorActionKind.REPLAY_DEAD:
         return f"Replay of dead letters: {entry.acted} sent again of {entry.matched} matched"
     return (f"{entry.get_action_display()}: {entry.acted} job(s) changed of {entry.matched} matched"

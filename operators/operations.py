@@ -13,17 +13,17 @@ report's written chapters, its synthesis) are read back, never paid for again.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime
 from decimal import Decimal
 
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from billing import rates
+from billing import months, rates
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
+from executor.record import upstream_key_parts
 from jobs import reports
 from jobs.models import OPEN_STATUSES, ChapterStatus, Client, Job, JobKind, JobStatus, Report, ReportChapter
 from jobs.services import job_cancel, job_retry
@@ -32,8 +32,6 @@ from webhooks.models import DeliveryStatus
 from webhooks.selectors import deliveries_of_jobs
 from webhooks.services import delivery_replay
 
-UPSTREAM_KEY = re.compile(r"payonce-(?P<job>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(?P<n>\d+)", re.ASCII)
-MONTH = re.compile(r"(?P<year>\d{4})-(?P<month>\d{2})", re.ASCII)  # used with fullmatch; ASCII digits only
 RETRYABLE = (JobStatus.FAILED, JobStatus.WAITING)
 CHUNK = 500  # rows per read while acting on a large match
 SAMPLE = 20  # ids kept on the audit row
@@ -47,14 +45,12 @@ class OperationRefused(ValueError):
 
 
 def month_range(month: str) -> tuple[datetime, datetime]:
-    """"YYYY-MM" as [its first instant, the next month's first instant), in UTC (billing's months)."""
-    match = MONTH.fullmatch(month or "")
-    if not match or not 1 <= int(match["month"]) <= 12 or not 1 <= int(match["year"]) <= 9998:
-        raise OperationRefused(f"month must be YYYY-MM, not {month!r}")
-    year, number = int(match["year"]), int(match["month"])
-    after = (year + number // 12, number % 12 + 1)
-    return (datetime(year, number, 1, tzinfo=dt_timezone.utc),
-            datetime(after[0], after[1], 1, tzinfo=dt_timezone.utc))
+    """"YYYY-MM" as [its first instant, the next month's first instant), in UTC: billing's months, named as
+    GET /v1/spend names them (billing.months)."""
+    try:
+        return months.month_bounds(months.parse_month(month))
+    except ValueError:
+        raise OperationRefused(f"month must be {months.MONTH_WORDS[:-1]}, not {month!r}") from None
 
 
 def jobs_search(jobs: QuerySet, term: str) -> QuerySet:
@@ -65,9 +61,9 @@ def jobs_search(jobs: QuerySet, term: str) -> QuerySet:
     term = (term or "").strip()
     if not term:
         return jobs
-    upstream = UPSTREAM_KEY.fullmatch(term)
-    if upstream:
-        return jobs.filter(id=upstream["job"], attempts__upstream_key=term)
+    upstream = upstream_key_parts(term)
+    if upstream is not None:
+        return jobs.filter(id=upstream[0], attempts__upstream_key=term)
     try:
         return jobs.filter(id=uuid.UUID(term))
     except ValueError:
@@ -263,51 +259,38 @@ def jobs_act(*, action: str, jobs: QuerySet, target: str, who: str, via: str, re
         for job in jobs.filter(status__in=RETRYABLE).only("id").iterator(chunk_size=CHUNK):
             acted += job_retry(job=job) is not None
     elif action == OperatorActionKind.REPLAY:
-
-        for delivery in deliveries_of_jobs(jobs).only("id").iterator(chunk_size=CHUNK):
-            delivery_replay(delivery=delivery)
-            acted += 1
+        acted = _replay(deliveries_of_jobs(jobs))
     return audit_finish(entry, acted)
 
 
-def dead_letters_preview(*, deliveries: QuerySet, target: str) -> Preview:
+def deliveries_preview(*, deliveries: QuerySet, target: str, dead_only: bool = False) -> Preview:
+    """A replay of chosen deliveries, whatever their status (a delivered one too: a receiver that lost what
+    it got; receivers dedupe on webhook-id; a pending one is sent again from its schedule's start), or,
+    `dead_only`, the dead letters among them (the others counted and skipped)."""
     matched = deliveries.count()
-    dead = deliveries.filter(status=DeliveryStatus.DEAD)
-    count = dead.count()
-    return Preview(action=OperatorActionKind.REPLAY_DEAD, target=target, matched=matched, acting=count,
-                   skipped=matched - count, deliveries=count,
-                   sample=list(dead.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
+    acting = deliveries.filter(status=DeliveryStatus.DEAD) if dead_only else deliveries
+    count = acting.count() if dead_only else matched
+    return Preview(action=OperatorActionKind.REPLAY_DEAD if dead_only else OperatorActionKind.REPLAY, target=target,
+                   matched=matched, acting=count, skipped=matched - count, deliveries=count,
+                   sample=list(acting.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
 
 
-def dead_letters_replay(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
-    """Send dead deliveries again (same envelope, same webhook-id, the retry schedule from its start)."""
-    preview = dead_letters_preview(deliveries=deliveries, target=target)
-    entry = audit_start(action=OperatorActionKind.REPLAY_DEAD, who=who, via=via, target=target, reason=reason,
-                        preview=preview)
-    acted = 0
-    for delivery in deliveries.filter(status=DeliveryStatus.DEAD).only("id").iterator(chunk_size=CHUNK):
-        delivery_replay(delivery=delivery)
-        acted += 1
-    return audit_finish(entry, acted)
+def deliveries_replay(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str,
+                      dead_only: bool = False) -> OperatorAction:
+    """The one door to send deliveries again (the delivery admin's and the dead letters' replays, manage.py
+    replay_deliveries and dead_letters_replay): the preview, one audit row, then each chosen delivery (with
+    `dead_only`, each dead one) sent again. Nothing is paid."""
+    preview = deliveries_preview(deliveries=deliveries, target=target, dead_only=dead_only)
+    entry = audit_start(action=preview.action, who=who, via=via, target=target, reason=reason, preview=preview)
+    chosen = deliveries.filter(status=DeliveryStatus.DEAD) if dead_only else deliveries
+    return audit_finish(entry, _replay(chosen))
 
 
-def deliveries_preview(*, deliveries: QuerySet, target: str) -> Preview:
-    """A replay of chosen deliveries whatever their status: a delivered one too (a receiver that lost what
-    it got; receivers dedupe on webhook-id), a pending one is sent again from its schedule's start."""
-    matched = deliveries.count()
-    return Preview(action=OperatorActionKind.REPLAY, target=target, matched=matched, acting=matched, skipped=0,
-                   deliveries=matched,
-                   sample=list(deliveries.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
-
-
-def deliveries_replay_rows(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
-    """Send the chosen deliveries again (the delivery admin's replay): the stored envelope, the same
-    webhook-id, the retry schedule from its start. Nothing is paid."""
-    preview = deliveries_preview(deliveries=deliveries, target=target)
-    entry = audit_start(action=OperatorActionKind.REPLAY, who=who, via=via, target=target, reason=reason,
-                        preview=preview)
+def _replay(deliveries: QuerySet) -> int:
+    """Each delivery sent again (webhooks.services.delivery_replay): the stored envelope, the same
+    webhook-id, the retry schedule from its start. Returns how many."""
     acted = 0
     for delivery in deliveries.only("id").iterator(chunk_size=CHUNK):
         delivery_replay(delivery=delivery)
         acted += 1
-    return audit_finish(entry, acted)
+    return acted

@@ -5,17 +5,13 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Sum
+from django.db.models import DecimalField, IntegerField
+from django.db.models.expressions import RawSQL
 
-from executor.models import Attempt, AttemptState
+from executor.selectors import UNPRICED_SQL
 from orders.models import OrderStatus
 
 SIX = Decimal("0.000001")
-
-# A job's attempts that may have been paid and that nobody could price: what public_attempts counts as
-# unpriced (executor.selectors).
-_UNPRICED_ATTEMPT = (f"a.cost_usd IS NULL AND (a.accepted_at IS NOT NULL"
-                     f" OR a.state IN ('{AttemptState.SUBMITTING}', '{AttemptState.UNCERTAIN}'))")
 
 _BY_PRODUCT_SQL = f"""
 SELECT o.product, count(*), count(*) FILTER (WHERE o.status = '{OrderStatus.PAID}'),
@@ -23,7 +19,7 @@ SELECT o.product, count(*), count(*) FILTER (WHERE o.status = '{OrderStatus.PAID
        coalesce(sum(cost.total), 0), coalesce(sum(cost.unpriced), 0)
   FROM orders_order o
   LEFT JOIN LATERAL (
-      SELECT sum(a.cost_usd) AS total, count(*) FILTER (WHERE {_UNPRICED_ATTEMPT}) AS unpriced
+      SELECT sum(a.cost_usd) AS total, count(*) FILTER (WHERE {UNPRICED_SQL}) AS unpriced
         FROM executor_attempt a WHERE a.job_id = o.job_id) cost ON true
  WHERE o.created_at >= %s AND o.created_at < %s {{client}}
  GROUP BY o.product ORDER BY o.product
@@ -46,10 +42,10 @@ def orders_by_product(first: datetime, after: datetime, *, client_id=None) -> li
 def orders_with_cost(orders):
     """The orders with what each one's report job cost, as OrderAdmin once read it per row (public_attempts):
     `cost_total` (priced attempts, None with none) and `cost_unpriced`, computed in the list's own statement."""
-    attempts = Attempt.objects.filter(job_id=OuterRef("job_id")).order_by().values("job_id")
-    maybe_paid = Q(accepted_at__isnull=False) | Q(state__in=[AttemptState.SUBMITTING, AttemptState.UNCERTAIN])
+    table = orders.model._meta.db_table
     return orders.annotate(
-        cost_total=Subquery(attempts.annotate(total=Sum("cost_usd")).values("total")),
-        cost_unpriced=Subquery(attempts.annotate(count=Count("id", filter=Q(cost_usd__isnull=True) & maybe_paid))
-                               .values("count"), output_field=IntegerField()),
+        cost_total=RawSQL(f"SELECT sum(a.cost_usd) FROM executor_attempt a WHERE a.job_id = {table}.job_id", (),
+                          output_field=DecimalField(max_digits=12, decimal_places=6)),
+        cost_unpriced=RawSQL(f"SELECT count(*) FROM executor_attempt a WHERE a.job_id = {table}.job_id"
+                             f" AND {UNPRICED_SQL}", (), output_field=IntegerField()),
     )

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from config.celery import app
+from executor import policy
 from jobs.errors import IdempotencyConflict
 from jobs.reports import report_mail_link
 from jobs.services import job_create, request_hash
@@ -87,7 +88,7 @@ def order_create(*, client, data: dict) -> tuple[Order, bool]:
         job, _ = job_create(client=client, idempotency_key=order_job_key(data["payment_id"]), data={
             "kind": "report", "models": [settings.ORDER_REPORT_MODEL],
             "input": {**data["input"], "email": data["email"]},
-            "policy": {"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]},
+            "policy": policy.default_policy(),
             "metadata": {"order_id": str(inserted), "payment_id": data["payment_id"], "run_id": data["run_id"],
                          "product": data["product"]},
         })

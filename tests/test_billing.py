@@ -1,6 +1,6 @@
 """Billing against real PostgreSQL and the sandbox over HTTP: the rate card (priced exactly once per
 vendor, to the 6th decimal), the budget guard's reserve / settle / release, the fan-out pre-flight,
-telemetry reports, month rollover, GET /v1/spend and the cap on the command line."""
+month rollover, GET /v1/spend and the cap on the command line."""
 
 import json
 import uuid
@@ -19,7 +19,6 @@ from executor import llm, render
 from executor.models import Attempt
 from executor.providers import anthropic, openai_compat
 from executor.providers.sandbox import SandboxProvider
-from executor.services import attempt_telemetry_record
 from jobs import runner
 from jobs.outcomes import Done, FanOut, Later, Resume, Stop
 from jobs.models import Client, Job
@@ -391,29 +390,6 @@ def test_a_fan_out_that_fits_runs_every_unit_and_releases_the_rest(ledger, monke
 
 
 # --- telemetry ---------------------------------------------------------------------------------------------
-
-
-def test_telemetry_reported_twice_counts_once_and_a_later_cost_fills_it_in(ledger, db):
-    client = client_with_cap("5.00")
-    job = job_of(client)
-    ModelPrice.objects.create(model="sandbox/llm", note="unpriced until the provider reports it")
-    rates.forget_overrides()
-    llm.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
-                      messages=[{"role": "user", "content": "hi"}], max_tokens=50)
-    [attempt] = Attempt.objects.filter(job=job)
-    kept = month_row(client).spent  # unpriced: the whole reservation is spent
-    usage = {"input_tokens": 40, "output_tokens": 50}
-    for _ in range(2):  # the same report twice: usage overwritten, spend unchanged
-        attempt_telemetry_record(job_id=job.id, provider="sandbox", number=attempt.number, usage=usage,
-                                 cost_usd=None, cost_source=None)
-    assert month_row(client).spent == kept and Attempt.objects.get(id=attempt.id).usage == usage
-    for _ in range(2):  # a later report with the provider's figure fills it in, once
-        attempt_telemetry_record(job_id=job.id, provider="sandbox", number=attempt.number, usage=usage,
-                                 cost_usd=D("0.000870"), cost_source="quoted")
-    refreshed = Attempt.objects.get(id=attempt.id)
-    assert (refreshed.cost_usd, refreshed.cost_source, refreshed.state) == (D("0.000870"), "quoted", "succeeded")
-    assert month_row(client).spent == D("0.000870")
-    assert not Reservation.objects.get(key=attempt.upstream_key).unpriced
 
 
 # --- GET /v1/spend and the command line ---------------------------------------------------------------------

@@ -448,6 +448,21 @@ def test_dead_letters_replay_previews_then_resends_only_the_chosen_dead_letters(
     assert OperatorAction.objects.count() == 1
 
 
+def test_replay_deliveries_is_the_same_audited_door_for_any_delivery(db):
+    acme = Client.objects.get(id=client_create(name="acme")["client_id"])
+    dead, delivered = dead_letter(acme.id), dead_letter(acme.id)
+    Delivery.objects.filter(id=delivered.id).update(status=DeliveryStatus.DELIVERED)
+
+    assert command("replay_deliveries", "--client", "acme")[0] == 2  # no reason, no replay
+    assert OperatorAction.objects.count() == 0
+    code, out, err = command("replay_deliveries", "--client", "acme", "--reason", "the receiver lost them", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["action"], shown["matched"], shown["acted"]) == ("replay", 2, 2)
+    assert {d.id: d.status for d in Delivery.objects.all()} == {dead.id: "pending", delivered.id: "pending"}
+    assert OperatorAction.objects.get().reason == "the receiver lost them"
+
+
 @pytest.mark.e2e
 def test_replay_calls_no_provider_and_resends_each_delivery_with_its_webhook_id(jobs_worker, webhooks_worker,
                                                                                   ledger, api):

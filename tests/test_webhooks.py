@@ -123,9 +123,10 @@ def test_an_always_failing_receiver_leaves_a_dead_letter_that_replay_delivers(dr
         assert DeliveryAttempt.objects.filter(delivery=dead).last().response_body == "receiver broke"
 
         receiver.default = Answer(200)
-        done = subprocess.run([sys.executable, "manage.py", "replay_deliveries", "--dead", "--id", delivery.id],
+        done = subprocess.run([sys.executable, "manage.py", "replay_deliveries", "--dead", "--id", delivery.id,
+                               "--reason", "the receiver is fixed"],
                               cwd=REPO_ROOT, env=process_env(), capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0 and "Replaying 1" in done.stdout, done.stderr
+        assert done.returncode == 0 and "Replay of dead letters: 1 sent again" in done.stdout, done.stderr
         receiver.wait_for(lambda: delivered(delivery.id), message="replayed and delivered")
         last = receiver.for_id(delivery.id)[-1]
         assert last.webhook_id == delivery.id and last.body == delivery.envelope.encode() and last.verified

@@ -22,6 +22,7 @@ import secrets
 import time
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from enum import StrEnum
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
@@ -241,13 +242,22 @@ def _claim_tries(items: list[tuple[str, str]]) -> list[Delivery]:
     return [claimed[ident] for ident in ids if ident in claimed]
 
 
-def delivery_try(*, ident: str, token: str) -> str | None:
+class Tried(StrEnum):
+    """What one try of a delivery came to (what the dispatcher's tasks return)."""
+
+    DELIVERED = "delivered"  # a 2xx: done
+    RETRY = "retry"  # anything else, with tries left: due again after the schedule's next step
+    DEAD = "dead"  # out of tries, or a target that can never be sent to: kept, envelope intact, replayable
+    DISABLED = "disabled"  # 410 Gone from the client's endpoint: it is disabled, and its rows wait for an operator
+
+
+def delivery_try(*, ident: str, token: str) -> Tried | None:
     """One try of one delivery (the first try, enqueued when its event commits)."""
     outcomes = deliveries_try([(ident, token)])
     return outcomes[0] if outcomes else None
 
 
-def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
+def deliveries_try(items: list[tuple[str, str]]) -> list[Tried]:
     """Try a batch of deliveries (the dispatcher), one after the other, and record every try.
 
     1. Claim the rows whose lease this message holds (one statement).
@@ -265,14 +275,14 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
     tries, delivered, outcomes, untried = [], [], [], []
     with ssrf.Session() as session:  # one kept-alive, vetted connection per receiver for the batch
         for delivery in deliveries:
-            if outcomes and (outcomes[-1] != "delivered" or time.monotonic() > deadline):
+            if outcomes and (outcomes[-1] is not Tried.DELIVERED or time.monotonic() > deadline):
                 untried.append(delivery)
                 continue
             endpoint = endpoints.get(delivery.client_id)
             url = delivery.url or (endpoint.url if endpoint else "")
             if not url:
                 _dead(delivery, NO_URL)
-                outcomes.append("dead")
+                outcomes.append(Tried.DEAD)
                 continue
             if delivery.client_id not in secrets_by_client:
                 secrets_by_client[delivery.client_id] = signing_secrets(delivery.client_id)
@@ -280,10 +290,10 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[str]:
             tries.append(attempt)
             if refused in _REFUSED_FOR_GOOD:
                 _dead(delivery, error)  # no schedule will make this target allowed
-                outcomes.append("dead")
+                outcomes.append(Tried.DEAD)
             elif answer is not None and 200 <= answer.status < 300:
                 delivered.append((delivery, answer.status))
-                outcomes.append("delivered")
+                outcomes.append(Tried.DELIVERED)
             elif answer is not None and answer.status == 410:
                 outcomes.append(_gone(delivery, endpoint))
             else:
@@ -357,38 +367,38 @@ def _mine(delivery: Delivery):
     return Delivery.objects.filter(id=delivery.id, attempts=delivery.attempts, status=DeliveryStatus.PENDING)
 
 
-def _again_or_dead(delivery: Delivery, *, status, error: str, retry_after: float | None) -> str:
+def _again_or_dead(delivery: Delivery, *, status, error: str, retry_after: float | None) -> Tried:
     schedule = settings.WEBHOOK_RETRY_SCHEDULE
     position = delivery.schedule_position  # tries so far since creation or the last replay
     if position > len(schedule):
         if _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=status, last_error=error[:2000]):
             log_event(logger, "delivery.dead", **_ids(delivery), **{"try": delivery.attempts}, status_code=status,
                       error=error[:300])
-        return "dead"
+        return Tried.DEAD
     if retry_after is not None:
         delay = min(max(retry_after, RETRY_AFTER_BOUNDS_S[0]), RETRY_AFTER_BOUNDS_S[1])
     else:
         delay = jittered(schedule[position - 1], 1.0, 1.2)  # up to 20% later (docs/api.md, "Webhooks")
     _mine(delivery).update(next_attempt_at=timezone.now() + timedelta(seconds=delay), last_status_code=status,
                            last_error=error[:2000])
-    return "retry"
+    return Tried.RETRY
 
 
-def _gone(delivery: Delivery, endpoint: Endpoint | None) -> str:
+def _gone(delivery: Delivery, endpoint: Endpoint | None) -> Tried:
     """410 Gone: the receiver wants nothing more. A client endpoint is disabled and its rows wait for an
     operator; a job's own webhook_url ends that row (dead, replayable)."""
     if delivery.url or endpoint is None:
         if _mine(delivery).update(status=DeliveryStatus.DEAD, last_status_code=410, last_error="410 Gone"):
             log_event(logger, "delivery.dead", **_ids(delivery), **{"try": delivery.attempts}, status_code=410,
                       error="410 Gone")
-        return "dead"
+        return Tried.DEAD
     with transaction.atomic():
         Endpoint.objects.filter(id=endpoint.id, disabled_at__isnull=True).update(
             disabled_at=timezone.now(), disabled_reason=f"410 Gone answered to {delivery.id}"
         )
         _mine(delivery).update(next_attempt_at=timezone.now(), last_status_code=410,
                                last_error="410 Gone: endpoint disabled; waiting for an operator")
-    return "disabled"
+    return Tried.DISABLED
 
 
 def _dead(delivery: Delivery, error: str) -> None:
@@ -410,21 +420,6 @@ def delivery_replay(*, delivery: Delivery) -> None:
         )
         _enqueue_on_commit(delivery.id, due)
         log_event(logger, "delivery.replayed", **_ids(delivery))
-
-
-def deliveries_replay(*, dead_only: bool = False, since: datetime | None = None, ids=None) -> int:
-    rows = Delivery.objects.all()
-    if ids:
-        rows = rows.filter(id__in=ids)
-    if dead_only:
-        rows = rows.filter(status=DeliveryStatus.DEAD)
-    if since is not None:
-        rows = rows.filter(created_at__gte=since)
-    count = 0
-    for delivery in rows.order_by("created_at").iterator():
-        delivery_replay(delivery=delivery)
-        count += 1
-    return count
 
 
 def deliveries_redact_input(*, job_ids) -> int:

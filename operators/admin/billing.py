@@ -119,9 +119,7 @@ def _month_param(raw: str | None) -> str:
     """?month=YYYY-MM, default the current UTC month; a malformed one is OperationRefused."""
     if not raw:
         return f"{month_of(timezone.now()):%Y-%m}"
-    first, _ = month_range(raw)
-    if first.year < 2000:
-        raise OperationRefused("month must be 2000-01 or later")  # as GET /v1/spend takes them
+    month_range(raw)  # YYYY-MM as GET /v1/spend takes them, or OperationRefused
     return raw
 
 

@@ -74,8 +74,8 @@ class DeliveryAdmin(admin.ModelAdmin):
         target, hidden = _selection(request, "replay", "deliveries")
         return adminkit.confirm_or_act(
             self, request, back=request.get_full_path(), done="{entry.acted} of {entry.matched} deliveries sent again",
-            act=lambda **who_and_reason: operations.deliveries_replay_rows(deliveries=queryset, target=target,
-                                                                           via="admin", **who_and_reason),
+            act=lambda **who_and_reason: operations.deliveries_replay(deliveries=queryset, target=target,
+                                                                      via="admin", **who_and_reason),
             preview=lambda: operations.deliveries_preview(deliveries=queryset, target=target),
             title="Replay deliveries", verb="replay", hidden=hidden, back_label="Deliveries",
             nothing_paid=NOTHING_PAID)
@@ -209,9 +209,9 @@ class DeadLetterAdmin(admin.ModelAdmin):
         letters = letters.select_related(None)  # the list's join of the client: the replay reads ids only
         return adminkit.confirm_or_act(
             self, request, back=back, done_url=done,
-            act=lambda **who_and_reason: operations.dead_letters_replay(deliveries=letters, target=target,
-                                                                        via="admin", **who_and_reason),
-            preview=lambda: operations.dead_letters_preview(deliveries=letters, target=target),
+            act=lambda **who_and_reason: operations.deliveries_replay(deliveries=letters, target=target,
+                                                                      dead_only=True, via="admin", **who_and_reason),
+            preview=lambda: operations.deliveries_preview(deliveries=letters, target=target, dead_only=True),
             title="Replay dead letters", verb="replay", hidden=hidden, back_label="Dead letters",
             skipped_why="not dead: delivered, or already being sent again", nothing_paid=NOTHING_PAID)
 

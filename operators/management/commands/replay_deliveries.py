@@ -1,26 +1,55 @@
-"""Send deliveries again: the exact stored envelope, under the same webhook-id (receivers dedupe on it)."""
+"""manage.py replay_deliveries: send webhook deliveries again (operators.operations.deliveries_replay, the one
+door every replay goes through, the admin's too): the exact stored envelope under the same webhook-id, the
+retry schedule from its start; nothing is paid. A reason and one audit row."""
 
-from django.core.management.base import BaseCommand, CommandError
-from django.utils.dateparse import parse_datetime
+from operators import cli
+from operators.operations import deliveries_preview, deliveries_replay
+from webhooks.models import Delivery
 
-from webhooks.services import deliveries_replay
 
-
-class Command(BaseCommand):
-    help = "Replay deliveries (dead letters with --dead), selected by --since and/or --id."
+class Command(cli.OperatorCommand):
+    help = ("Replay deliveries, whatever their status (a receiver that lost a delivered one: receivers dedupe on "
+            "webhook-id), chosen by --id (repeatable), --client and/or --since; with --dead, only the dead "
+            "letters among them. A reason and one audit row. No filter at all is refused unless --all is given. "
+            "--dry-run previews.")
+    # Only the dead letters among the chosen deliveries (dead_letters_replay is this command with it fixed).
+    dead_only = False
 
     def add_arguments(self, parser):
-        parser.add_argument("--dead", action="store_true", help="only dead deliveries")
-        parser.add_argument("--since", help="only deliveries created at or after this ISO 8601 time")
-        parser.add_argument("--id", action="append", dest="ids", help="a delivery id (repeatable)")
+        group = parser.add_argument_group("which deliveries")
+        group.add_argument("--id", action="append", dest="ids", default=[], metavar="DELIVERY_ID",
+                           help="a delivery id, the webhook-id receivers saw (repeatable)")
+        group.add_argument("--client", default="", help="a client's id, or its exact name")
+        group.add_argument("--since", default="", help="created at or after this ISO 8601 time (with its offset)")
+        if not self.dead_only:
+            group.add_argument("--dead", action="store_true", help="only the dead letters among them")
+        cli.add_action_arguments(parser, every=self.noun)
 
-    def handle(self, *args, dead, since, ids, **options):
-        if not (dead or since or ids):
-            raise CommandError("Say which deliveries: --dead, --since ISO and/or --id ID.")
-        when = None
-        if since:
-            when = parse_datetime(since)
-            if when is None or when.tzinfo is None:
-                raise CommandError(f"--since {since!r}: give an ISO 8601 time with its offset, e.g. 2026-11-29T10:00:00Z")
-        count = deliveries_replay(dead_only=dead, since=when, ids=ids)
-        self.stdout.write(f"Replaying {count} deliveries.")
+    @property
+    def noun(self) -> str:
+        return "dead letter" if self.dead_only else "delivery"
+
+    def handle(self, *args, ids, client, since, **options):
+        dead_only = self.dead_only or options.get("dead", False)
+        deliveries, parts = Delivery.objects.all(), []
+        if ids:
+            ids = [ident.strip() for ident in ids]
+            known = set(Delivery.objects.filter(id__in=ids).values_list("id", flat=True))
+            unknown = [ident for ident in ids if ident not in known]
+            if unknown:
+                raise cli.refused(f"no delivery has the id {', '.join(unknown[:5])}")
+            deliveries = deliveries.filter(id__in=ids)
+            parts.append(f"ids={len(ids)} selected")
+        if client:
+            deliveries = deliveries.filter(client__in=cli.clients_named(client))
+            parts.append(f"client={client}")
+        when = cli.parse_since(since)
+        if when is not None:
+            deliveries = deliveries.filter(created_at__gte=when)
+            parts.append(f"since={since}")
+        cli.refuse_everything(options, filtered=bool(parts), what=self.noun)
+        target = ("dead letters: " if dead_only else "deliveries: ") + (", ".join(parts) or "every delivery")
+        cli.run_action(self, options,
+                       preview=lambda: deliveries_preview(deliveries=deliveries, target=target, dead_only=dead_only),
+                       act=lambda **who: deliveries_replay(deliveries=deliveries, target=target, dead_only=dead_only,
+                                                           **who))
