@@ -1,6 +1,7 @@
 """Reads of what was spent: a client's month as GET /v1/spend and the admin show it."""
 
-from datetime import date, datetime, time, timedelta, timezone as dt_timezone
+from datetime import date, datetime, time, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 from typing import NamedTuple
 

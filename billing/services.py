@@ -29,13 +29,13 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from billing.months import month_of
 from billing.models import (
     BUDGET_MONTH_CONSTRAINT,
     Reservation,
     ReservationKind,
     ReservationState,
 )
+from billing.months import month_of
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import json
 import sys
 import time
 import uuid
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -23,9 +24,9 @@ from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from jobs.models import Client, Job, JobStatus
-from operators.models import OperatorAction, OperatorActionKind
 from jobs.selectors import job_snapshot
 from jobs.workflow import RECIPES
+from operators.models import OperatorAction, OperatorActionKind
 from operators.operations import JobFilter, OperationRefused, Preview, client_ids, jobs_act, preview_jobs
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_WAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130

@@ -11,12 +11,12 @@ from datetime import datetime
 from django.db.models import Count
 from django.utils import timezone
 
-from orders.models import Order
 from billing.models import Reservation
 from executor.models import Attempt
 from executor.selectors import RunAttempts, attempts_by_run
 from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter, Step, StepStatus
 from jobs.reports import report_link
+from orders.models import Order
 from webhooks.models import Delivery, DeliveryAttempt
 
 # A job page stays fast on a job with thousands of rows (bench/admin.py): each table is read newest first,

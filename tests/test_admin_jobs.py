@@ -6,14 +6,14 @@ drives the same pages in chromium after a real end-to-end run."""
 from decimal import Decimal
 
 import pytest
-from django.test.utils import CaptureQueriesContext
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from executor.models import Attempt, AttemptState
 from jobs.models import Job, JobStatus, Step, StepStatus
-from operators.models import OperatorAction
 from jobs.services import job_finish
+from operators.models import OperatorAction
 from tests.conftest import HOOK_URL, media_body
 from webhooks.models import Delivery, DeliveryStatus
 
@@ -289,10 +289,10 @@ def test_the_job_page_opens_with_each_runs_attempts_paid_cost_and_outcome(admin_
 
 
 def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_total(admin_client):
-    from orders.models import Order
-    from orders.services import order_create
     from jobs.models import Report
     from jobs.reports import chapter_save, report_from_token, report_load
+    from orders.models import Order
+    from orders.services import order_create
     from tests.test_admin_spend import make_client, media_job, order_data
 
     order, _ = order_create(client=make_client("shop"), data=order_data("pi_1"))

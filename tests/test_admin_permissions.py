@@ -14,17 +14,17 @@ from dataclasses import dataclass
 
 import pytest
 import requests
-from django.db import transaction
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import transaction
 
-from orders.models import Order
-from orders.services import order_create
 from executor.store import client_store
 from jobs.models import Client, Job, JobStatus
-from operators.models import OperatorAction
 from jobs.reports import report_load
 from jobs.services import client_create, job_create, job_finish
+from operators.models import OperatorAction
+from orders.models import Order
+from orders.services import order_create
 from tests.conftest import HOOK_URL
 from webhooks.models import Delivery, DeliveryStatus
 from webhooks.services import delivery_create

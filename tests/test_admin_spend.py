@@ -5,7 +5,8 @@ shared confirmation page (a required reason, a count preview, one audit row)."""
 
 import json
 import re
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 from html import unescape
 from html.parser import HTMLParser
@@ -20,15 +21,15 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from billing import services
-from orders.models import Order
-from orders.services import order_create
 from billing.selectors import month_spend
 from executor.models import Attempt, AttemptState
 from jobs.models import Client, Job, JobStatus
-from operators.models import OperatorAction
-from operators.operations import preview_jobs
 from jobs.reports import report_load
 from jobs.services import client_create, job_create
+from operators.models import OperatorAction
+from operators.operations import preview_jobs
+from orders.models import Order
+from orders.services import order_create
 from tests.conftest import HOOK_URL
 from webhooks.models import Delivery, DeliveryAttempt
 from webhooks.services import delivery_create

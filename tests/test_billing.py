@@ -4,9 +4,10 @@ month rollover, GET /v1/spend and the cap on the command line."""
 
 import json
 import uuid
-from types import SimpleNamespace
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -20,9 +21,8 @@ from executor.models import Attempt
 from executor.providers import anthropic, openai_compat
 from executor.providers.sandbox import SandboxProvider
 from jobs import runner
-from jobs.outcomes import Done, FanOut, Later, Resume, Stop
 from jobs.models import Client, Job
-from jobs.outcomes import JobFailure, StepRetry
+from jobs.outcomes import Done, FanOut, JobFailure, Later, Resume, StepRetry, Stop
 from jobs.workflow import RECIPES, Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import uuid
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 
 import pytest
@@ -22,9 +23,9 @@ from billing.selectors import month_spend
 from executor.models import Attempt
 from jobs import reports, selectors
 from jobs.models import Client, Job, JobStatus
+from jobs.services import client_create, job_finish
 from operators.models import OperatorAction
 from operators.operations import retry_worst_case
-from jobs.services import client_create, job_finish
 from tests.conftest import WEBHOOK_TEST_ENV, media_body
 from tests.support.procs import REPO_ROOT, process_env
 from tests.support.webhook_receiver import WebhookReceiver

@@ -20,14 +20,14 @@ from kombu import Connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import BudgetMonth
-from billing.selectors import month_spend
 from billing.months import month_of
+from billing.selectors import month_spend
 from config import metrics
-from operators import metrics as collector
 from config.celery import app
 from executor.models import Attempt
 from jobs.models import Client, Job, JobKind, JobStatus, Step, StepStatus
 from jobs.services import client_create
+from operators import metrics as collector
 from tests.conftest import WEB_STACK_ENV, WEBHOOK_TEST_ENV, purge_queue
 from tests.support.books import assert_books_balance
 from tests.support.http_api import HttpApi

@@ -20,13 +20,12 @@ from django.utils import timezone
 
 from config.sql import violated_constraint
 from executor import cancel, record, render
-from executor.record import Money
 from executor.models import Attempt, AttemptState
 from executor.providers.base import Submission
+from executor.record import Money
 from jobs import runner
-from jobs.outcomes import Continue, Done, Later, Stop
 from jobs.models import Job, Step
-from jobs.outcomes import StepRetry
+from jobs.outcomes import Continue, Done, Later, StepRetry, Stop
 from jobs.steps import StepContext, step_end_failed
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance

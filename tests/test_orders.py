@@ -8,10 +8,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from orders.models import Order
 from jobs.models import Job, Report
-from operators.models import OperatorAction
 from jobs.reports import report_from_token
+from operators.models import OperatorAction
+from orders.models import Order
 from tests.support.books import assert_books_balance
 from tests.test_reports import CHAPTERS, SUBJECT, report_body, wait_ended
 

@@ -11,11 +11,11 @@ import pytest
 from django.db import DataError, IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from orders.models import Order
 from config.db import db_error_recurs
 from jobs import runner, sweeper
 from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.services import client_create
+from orders.models import Order
 from tests.support.http_api import HttpApi
 from tests.test_reports import SUBJECT, report_body
 from webhooks.models import Delivery

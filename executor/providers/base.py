@@ -11,7 +11,6 @@ from typing import Protocol
 
 from config.retry import parse_retry_after  # noqa: F401 (the adapters read Retry-After through here)
 
-
 # A key's lifetime where the provider documents none: a day (Stripe's, and the common choice).
 DEFAULT_KEY_TTL_S = 24 * 3600.0
 

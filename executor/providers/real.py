@@ -12,8 +12,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from executor.providers import http
-from executor.providers.replay import replay_session_key
 from executor.providers.base import ErrorClass, ProviderError
+from executor.providers.replay import replay_session_key
 
 REAL_PROVIDER_NAMES = ("anthropic", "openai", "replicate")
 KEY_SETTINGS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "replicate": "REPLICATE_API_TOKEN"}

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from billing import rates
 from billing.models import BudgetMonth, ModelPrice, Reservation
-from orders.selectors import orders_by_product
+from billing.months import month_of, next_month
 from billing.selectors import (
     budget_totals,
     cap_of,
@@ -26,9 +26,9 @@ from billing.selectors import (
     month_totals,
     spend_by_month,
 )
-from billing.months import month_of, next_month
 from jobs.models import Client
 from operators.operations import OperationRefused, month_range
+from orders.selectors import orders_by_product
 
 # The admin index links the spend page and the dead letters (admin/payonce/index.html). Django's own
 # index template comes first in the app template search (contrib.admin is the first app), so the link

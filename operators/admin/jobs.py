@@ -19,10 +19,9 @@ from rest_framework_api_key.admin import APIKeyModelAdmin
 
 from executor.models import Attempt
 from executor.store import client_store
-from jobs import reports
-from operators import adminkit, operations
-from jobs import selectors
+from jobs import reports, selectors
 from jobs.models import Client, ClientAPIKey, Job, JobKind, Report
+from operators import adminkit, operations
 from operators.models import OperatorAction, OperatorActionKind
 from operators.operations import JobFilter, OperationRefused, month_range
 from operators.timeline import SHOWN, job_summary, job_timeline, report_facts, timeline_by_run

@@ -14,6 +14,7 @@ from operators.models import OperatorActionKind
 from orders.models import Order
 from orders.selectors import orders_with_cost
 
+
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
     """Orders with what each cost (its report job's attempts; unpriced ones counted, all in the list's own

@@ -1,9 +1,9 @@
 import json
 from decimal import Decimal, InvalidOperation
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import URLValidator
-from django.core.exceptions import ValidationError
 
 from jobs.services import client_create
 from webhooks.services import webhook_url_refusal

@@ -3,11 +3,11 @@ the admin's per-order re-run): the chapters already written are read back, the r
 
 import uuid
 
-from orders.models import Order, OrderStatus
-from operators import cli
 from jobs.models import Job
+from operators import cli
 from operators.models import OperatorActionKind
 from operators.operations import jobs_act, month_range, preview_jobs
+from orders.models import Order, OrderStatus
 
 
 class Command(cli.OperatorCommand):

@@ -10,10 +10,10 @@ from rest_framework.exceptions import ValidationError
 
 from jobs import services
 from jobs.errors import ApiError, IdempotencyKeyInvalid, PayloadTooLarge, api_exception_handler
-from operators import cli
 from jobs.models import Job, JobStatus
 from jobs.serializers import JobCreateSerializer, job_as_dict
 from jobs.views import IDEMPOTENCY_KEY_PATTERN
+from operators import cli
 
 
 class Command(cli.OperatorCommand):

@@ -3,9 +3,9 @@ jobs.selectors.job_snapshot; so does this), with a live bar on a terminal, until
 
 import uuid
 
-from operators import cli
 from jobs.models import Job, JobStatus
 from jobs.serializers import job_as_dict
+from operators import cli
 
 
 class Command(cli.OperatorCommand):
