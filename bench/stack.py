@@ -8,22 +8,17 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tests.support.procs import free_port  # noqa: F401 (bench/webhooks.py takes it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DATABASE_URL = "postgres://localhost:5432/payonce_bench"
 BENCH_BROKER_URL = "redis://127.0.0.1:6379/14"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def procfile_command(name: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 
 from tests.chaos.pgserver import PrivateServer
-from tests.support.procs import read_log, reap_group
+from tests.support.procs import free_port, read_log, reap_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,12 +29,6 @@ def procfile_command(name: str) -> str:
         if line.startswith(f"{name}:"):
             return line.split(":", 1)[1].strip()
     raise KeyError(name)
-
-
-def free_port() -> int:
-    from tests.support.sandbox import free_port as free
-
-    return free()
 
 
 class Proc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -13,6 +14,14 @@ from pathlib import Path
 import requests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (bound, then closed). Its one definition: the tests,
+    tests/settings.py (before Django is set up), the storm and the benchmarks take their ports here."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def procfile_command(name: str) -> str:
@@ -163,7 +172,6 @@ class Stack:
         from kombu import Connection
 
         from config.celery import app
-        from tests.support.sandbox import free_port
 
         self.broker_url = broker_url
         with Connection(broker_url) as conn:  # messages left by an earlier run would skew the test
