@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.e2e_throughput import busy_seconds, cpu_by_group, process_cpu  # noqa: E402
 from bench.figures import record  # noqa: E402
-from bench.stack import Stack, procfile_command  # noqa: E402
+from bench.stack import Stack  # noqa: E402
+from tests.support.procs import procfile_command  # noqa: E402
 
 BODY = {"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "a lighthouse at dusk", "render_s": 2}}
 

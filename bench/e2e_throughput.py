@@ -188,15 +188,14 @@ def main() -> None:
     credentials = stack.prepare()
     stack.configure_this_process()
     try:
-        stack.start("sandbox", ready="started server")
+        stack.start("sandbox")
         stack.start("web")
-        stack.start("worker", ready=" ready.")
+        stack.start("worker")
         floor_rate, floor_cpu_ms = floor(stack, args.jobs)
         rate, counts = payonce(stack, credentials, args.jobs)
         # The in-process sample must not race the worker for its own jobs: they are never enqueued
         # (job_create enqueues on commit, which this process does, so stop the worker first).
-        stack.processes["worker"].terminate()
-        stack.processes["worker"].wait(timeout=30)
+        stack.processes["worker"].stop(timeout=30)
         statements, sample_commits = statements_per_job(credentials)
     finally:
         from jobs.models import Job

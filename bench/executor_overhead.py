@@ -89,7 +89,7 @@ def main() -> None:
                 "cpu": statistics.median(cpus), "statements": statistics.mean(statements)}
 
     try:
-        stack.start("sandbox", ready="started server")
+        stack.start("sandbox")
         measure(None)  # warm up connections and caches
         clean = measure(None)
         resent = measure({"model": "video-keyed", "action": "status_503"})

@@ -38,7 +38,7 @@ def cpu_s(pid: int) -> float:
 
 
 def worker_pid(stack: Stack) -> int:
-    return stack.processes["worker"].pid  # `exec` in bench.stack: the shell became the worker
+    return stack.processes["worker"].pid  # `exec` in the harness: the shell became the worker
 
 
 def at(stamp: str) -> float:
@@ -60,9 +60,9 @@ def main() -> None:
 
     jobs = Job.objects.filter(client_id=credentials["client_id"])
     try:
-        stack.start("sandbox", ready="started server")
+        stack.start("sandbox")
         stack.start("web")
-        stack.start("worker", ready=" ready.")
+        stack.start("worker")
         pid, messages = worker_pid(stack), received(stack)
         body = {"kind": "media", "models": ["sandbox/video-keyed"],
                 "input": {"prompt": "slow render", "render_s": args.render_s}}

@@ -91,9 +91,9 @@ def main() -> None:
     credentials = stack.prepare()
     stack.configure_this_process()
     try:
-        stack.start("sandbox", ready="started server")
+        stack.start("sandbox")
         stack.start("web")
-        stack.start("worker", ready=" ready.")
+        stack.start("worker")
         walls, lags = [], []
         for n in range(args.reports):
             wall, report_lags = one_report(stack, credentials["api_key"], args.latency, n)

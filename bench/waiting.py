@@ -51,9 +51,9 @@ def main() -> None:
     jobs = Job.objects.filter(client_id=credentials["client_id"])
     results = []
     try:
-        stack.start("sandbox", ready="started server")
+        stack.start("sandbox")
         stack.start("web")
-        stack.start("worker", ready=" ready.")
+        stack.start("worker")
         for name, params, drop in PHASES:
             requests.post(f"{sandbox}/control/reset", timeout=10)
             if drop:

@@ -22,7 +22,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.figures import record  # noqa: E402
-from bench.stack import ROOT, Stack, free_port  # noqa: E402
+from bench.stack import Stack  # noqa: E402
+from tests.support.procs import REPO_ROOT, free_port  # noqa: E402
 
 THREADS = 8
 
@@ -43,7 +44,7 @@ def main() -> None:
     from webhooks.tasks import drain
 
     port = free_port()
-    receiver = subprocess.Popen([sys.executable, "bench/receiver.py", str(port)], cwd=ROOT)
+    receiver = subprocess.Popen([sys.executable, "bench/receiver.py", str(port)], cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}/hooks"
     job_id = uuid.uuid4()
     try:
@@ -78,7 +79,7 @@ def main() -> None:
             thread.join()
         ceiling = args.rows / (time.perf_counter() - started)
 
-        stack.start("webhooks", ready=" ready.")
+        stack.start("webhooks")
         due = timezone.now()
         Delivery.objects.bulk_create([
             Delivery(id=f"{job_id}:{n}:generation.failed", job_id=job_id, client_id=credentials["client_id"], run=n,

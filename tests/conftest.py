@@ -13,7 +13,7 @@ from django.core.servers import basehttp
 from django.test import Client as DjangoClient
 
 from jobs.services import client_create
-from tests.support.procs import ProcfileProcess
+from tests.support.procs import ProcfileProcess, free_port
 from tests.support.sandbox import SandboxProcess
 
 # pytest-django's live_server listens with a backlog of 10; the race tests open 50 connections at once.
@@ -100,8 +100,6 @@ def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
     (hostile input, tenants), on a broker of its own. The web process acts only on requests, never in
     the background, so one serves the session; a test whose jobs must run asks for `web_worker`. Its
     temporary directory is its own, so a test can see that a refused body never reached the disk."""
-    from tests.support.sandbox import free_port
-
     tmpdir = tmp_path_factory.mktemp("web-tmp")
     with django_db_blocker.unblock():
         web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "TMPDIR": tmpdir}).start()

@@ -21,6 +21,7 @@ from executor.providers.openai_compat import OpenAICompatibleProvider
 from executor.providers.replay import FIXTURES_DIR, REPLAY_PNG, fixture, mount_replay
 from executor.providers.replicate import CAPABILITIES as REPLICATE_CAPABILITIES
 from executor.providers.replicate import ReplicateProvider
+from tests.support.procs import free_port
 from tests.support.replay_server import DROP, Delayed, ReplayServer
 
 UNROUTABLE = "http://10.255.255.1:9"  # TEST-NET-ish private address nothing answers on
@@ -814,9 +815,7 @@ def test_a_refused_connection_is_known_never_sent_and_a_dropped_one_is_unknown()
 
     from executor.providers import http as provider_http
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]  # nothing listens here once the probe is closed
+    closed = free_port()  # nothing listens there
     with pytest.raises(ProviderError) as refused:
         provider_http.send("POST", f"http://127.0.0.1:{closed}/v1/generations", base_url=f"http://127.0.0.1:{closed}",
                            json={})

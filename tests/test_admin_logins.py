@@ -10,8 +10,7 @@ import requests
 from django.contrib.auth import get_user_model
 
 from tests.conftest import WEB_STACK_ENV
-from tests.support.procs import ProcfileProcess
-from tests.support.sandbox import free_port
+from tests.support.procs import ProcfileProcess, free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

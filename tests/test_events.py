@@ -16,7 +16,7 @@ import requests
 from jobs.services import client_create
 from tests.conftest import WEB_STACK_ENV
 from tests.support.http_api import HttpApi
-from tests.support.procs import ProcfileProcess
+from tests.support.procs import ProcfileProcess, free_port
 from tests.test_reports import report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -314,8 +314,6 @@ def test_streams_beyond_a_clients_bound_are_429_while_reads_stay_fast_and_others
 
 
 def test_a_web_process_serves_at_most_its_own_bound_of_streams(transactional_db, sandbox):
-    from tests.support.sandbox import free_port
-
     web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "WEB_CONCURRENCY": 1,
                                   "SSE_MAX_PER_PROCESS": 3}).start()
     web.url = f"http://127.0.0.1:{web.port}"

@@ -42,7 +42,7 @@ from jobs.services import client_create
 from tests.conftest import WEB_STACK_ENV, purge_queue
 from tests.support.books import assert_books_balance
 from tests.support.http_api import HttpApi
-from tests.support.procs import REPO_ROOT, ProcfileProcess, process_env
+from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, process_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -83,8 +83,6 @@ def post_json(api: HttpApi, path: str, body: dict, **headers):
 def fuzz_web(transactional_db, sandbox):
     """A `web` process like the session's, whose event streams of open jobs close after 1 s instead of 8:
     with no worker up no fuzzed job ends, and schemathesis reads each stream it opens to its end."""
-    from tests.support.sandbox import free_port
-
     web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "SSE_MAX_S": 1}).start()
     web.url = f"http://127.0.0.1:{web.port}"
     yield web

@@ -23,8 +23,7 @@ from jobs.models import Job, JobStatus, Step
 from jobs.services import client_create
 from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_CALLBACK_SECRET
 from tests.conftest import WEBHOOK_TEST_ENV, media_body, purge_queue
-from tests.support.procs import ProcfileProcess
-from tests.support.sandbox import free_port
+from tests.support.procs import ProcfileProcess, free_port
 from tests.support.webhook_receiver import WebhookReceiver
 from webhooks.models import Delivery
 

@@ -21,9 +21,8 @@ import pytest
 import requests
 from psycopg import sql
 
-from tests.support.procs import REPO_ROOT
+from tests.support.procs import REPO_ROOT, free_port
 from tests.test_cli import ctrl_c_as_a_terminal
-from tests.support.sandbox import free_port
 from tests.test_reports import report_body
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,8 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 import requests
 
-from tests.support.sandbox import SandboxProcess, free_port
+from tests.support.procs import free_port
+from tests.support.sandbox import SandboxProcess
 
 
 @pytest.fixture(scope="module")

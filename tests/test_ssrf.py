@@ -14,6 +14,7 @@ import pytest
 import urllib3.connection
 
 from tests.support.http_receiver import Listener, Receiver, Trickler
+from tests.support.procs import free_port
 from webhooks import ssrf
 
 PUBLIC_V4 = "93.184.215.14"
@@ -361,9 +362,7 @@ def test_a_trickling_receiver_hits_the_deadline(private_allowed):
 
 
 def test_a_closed_port_is_a_send_error(private_allowed):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     with pytest.raises(ssrf.SendError):
         ssrf.post(f"http://127.0.0.1:{port}/", b"x", {})
 

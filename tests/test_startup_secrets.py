@@ -19,8 +19,7 @@ from config.mail import EmailBackend as ConsoleEmailBackend
 from config.startup import DEVELOPMENT_SECRET_KEY
 from jobs.reports import report_link
 from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_DEVELOPMENT_SECRET
-from tests.support.procs import REPO_ROOT, ProcfileProcess, procfile_command, process_env
-from tests.support.sandbox import free_port
+from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, procfile_command, process_env
 from tests.test_reports import report_body
 
 pytestmark = pytest.mark.django_db(transaction=True)

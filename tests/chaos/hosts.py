@@ -70,6 +70,8 @@ import time
 import warnings
 from pathlib import Path
 
+from tests.support.procs import free_port
+
 NETNS_DIR = Path("/run/netns")  # where `ip netns` mounts named namespaces
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
 STATE_ROOT = Path("/run/payonce-hosts")
@@ -567,12 +569,6 @@ def _probe(hosts: Hosts, name: str, *args: str) -> object:
     return json.loads(result.stdout)
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 class _EchoServer:
     """A root-namespace TCP service that answers each line with "echo:" + the line, restartable on one port."""
 
@@ -642,7 +638,7 @@ def selftest(prefix: str = SELFTEST_PREFIX, subnet: str = SELFTEST_SUBNET) -> No
     print(f"network settings (read, none changed): {json.dumps(filtering_report())}", flush=True)
 
     # Given a run that crashed with hosts, a forwarder and a process inside a host left behind,
-    crash_port = _free_port()
+    crash_port = free_port()
     child = subprocess.run(
         [sys.executable, "-m", "tests.chaos.hosts", "--crash-child", str(crash_port), "--prefix", prefix,
          "--subnet", subnet],
@@ -660,7 +656,7 @@ def selftest(prefix: str = SELFTEST_PREFIX, subnet: str = SELFTEST_SUBNET) -> No
     hosts = Hosts(SELFTEST_NAMES, subnet=subnet, prefix=prefix)
     pg_at = hosts.forward(5432)  # PostgreSQL, Redis: the shared services on 127.0.0.1
     redis_at = hosts.forward(6379)
-    echo_port = _free_port()
+    echo_port = free_port()
     echo_at = hosts.forward(echo_port)
     web_server = None
     root_server = None

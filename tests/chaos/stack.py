@@ -7,99 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import requests
-
 from tests.chaos.pgserver import PrivateServer
-from tests.support.procs import read_log, reap_group
+from tests.support.procs import FAST_RECOVERY, REPO_ROOT, ProcfileProcess, free_port, payonce_env, procfile_command
 
-ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60  # six processes start at once, and again after each kill, on a busy machine
 
-
-def procfile_command(name: str) -> str:
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        if line.startswith(f"{name}:"):
-            return line.split(":", 1)[1].strip()
-    raise KeyError(name)
-
-
-def free_port() -> int:
-    from tests.support.sandbox import free_port as free
-
-    return free()
-
-
-class Proc:
-    """One process in its own process group, started again and again under the same name and log."""
-
-    def __init__(self, name: str, argv: list[str], env: dict, log_dir: Path, ready: str | None = None,
-                 ready_url: str | None = None):
-        self.name, self.argv, self.env, self.ready, self.ready_url = name, argv, env, ready, ready_url
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self, timeout: float = 60.0) -> "Proc":
-        return self.launch().ready_within(timeout)
-
-    def launch(self) -> "Proc":
-        if self.alive:  # a second start would orphan the first process, still consuming and writing
-            raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
-        self.offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        self.starts += 1
-        return self
-
-    def ready_within(self, timeout: float) -> "Proc":
-        offset = self.offset
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.output(offset)[-3000:]}")
-            if self._ready(offset):
-                return self
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.output(offset)[-3000:]}")
-
-    def _ready(self, offset: int) -> bool:
-        if self.ready_url:
-            try:
-                return requests.get(self.ready_url, timeout=1).status_code == 200
-            except requests.RequestException:
-                return False
-        return self.ready is None or self.ready in self.output(offset)
-
-    def output(self, offset: int = 0) -> str:
-        return read_log(self.log_path, offset)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def kill(self) -> None:
-        """SIGKILL the whole group: no shutdown, no acknowledgements, a crash."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-        reap_group(self.proc.pid)
 
 class Stack:
     """Everything a storm runs against. `hosts` (tests.chaos.hosts.Hosts, or None) puts web, the two
@@ -108,7 +27,7 @@ class Stack:
     def __init__(self, *, broker: str, database: str, redis_db: int, hosts=None, workers: int = 2):
         self.broker, self.database, self.redis_db, self.hosts, self.workers = broker, database, redis_db, hosts, workers
         self.workdir = Path(tempfile.mkdtemp(prefix="payonce-chaos-"))
-        self.procs: dict[str, Proc] = {}
+        self.procs: dict[str, ProcfileProcess] = {}
         self.moto = None
         gateway = hosts.gateway if hosts else "127.0.0.1"
         self.service_host = gateway  # where PostgreSQL, Redis, RabbitMQ, the sandbox and S3 are reached
@@ -133,33 +52,27 @@ class Stack:
             self.broker_url = f"redis://{redis}/{redis_db}"
             self.local_broker_url = f"redis://127.0.0.1:6379/{redis_db}"
             cache = self.broker_url
-        self.env = {
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "PYTHONUNBUFFERED": "1",
-            # Every process refuses the repository's development key with DEBUG off (config.startup).
-            "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
+        self.env = payonce_env(**{
             "DATABASE_URL": self.database_url,
             "BROKER_URL": self.broker_url,
             "CACHE_URL": cache,
             "SANDBOX_URL": self.sandbox_url,
-            "PAYONCE_VAR_DIR": str(self.workdir / "var"),
-            "PORT": str(self.web_port),
+            "PAYONCE_VAR_DIR": self.workdir / "var",
+            "PORT": self.web_port,
             "HOST": self.web_host,
             "ALLOWED_HOSTS": f"127.0.0.1,localhost,{self.web_host}",
             "PUBLIC_BASE_URL": self.web_url,
             "PROVIDER_CALLBACK_BASE_URL": self.web_url,
             "EMAIL_URL": "console://",
-            # Recovery in seconds, not minutes, so a storm fits a CI run (tests.support.procs.Stack).
-            "SWEEP_INTERVAL_S": "1", "STEP_LEASE_S": "3", "ENQUEUE_LEASE_S": "4", "POLL_INTERVAL_S": "0.5",
-            "POLL_MAX_INTERVAL_S": "3", "RETRY_BACKOFF_MAX_S": "5", "WORKER_CONCURRENCY": "8", "WAIT_DEADLINE_S": "90",
+            # Recovery in seconds, not minutes, so a storm fits a CI run.
+            **FAST_RECOVERY,
+            "POLL_MAX_INTERVAL_S": "3", "RETRY_BACKOFF_MAX_S": "5", "WAIT_DEADLINE_S": "90",
             "PROVIDER_READ_TIMEOUT_S": "10", "LLM_READ_TIMEOUT_S": "10",
             # The receiver fails 30% of deliveries: eleven tries in about 40 s make a dead letter a one in a
             # million event, so a dead letter in the storm means a bug, not bad luck.
             "WEBHOOK_ALLOW_PRIVATE": "1", "WEBHOOK_RETRY_SCHEDULE": "1,1,2,2,3,3,4,5,5,6,6",
             "WEBHOOK_SEND_LEASE_S": "3", "WEBHOOK_FIRST_TRY_GRACE_S": "1", "WEBHOOK_DRAIN_INTERVAL_S": "1",
-        }
+        })
         if hosts:
             self.env.update({"AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos",
                              "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": "/dev/null",
@@ -201,37 +114,35 @@ class Stack:
                             aws_secret_access_key="chaos", region_name="us-east-1")
 
     def manage(self, *args: str) -> str:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.local_env, check=True,
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.local_env, check=True,
                               capture_output=True, text=True).stdout
 
     def create_client(self, name: str, webhook_url: str, cap: str) -> dict:
         return json.loads(self.manage("create_client", name, "--webhook-url", webhook_url, "--monthly-cap-usd", cap))
 
-    def _command(self, host: str | None, command: str) -> list[str]:
-        argv = ["bash", "-c", f"exec {command}"]
-        return self.hosts.command(host, argv) if self.hosts and host else argv
+    def _process(self, name: str, command: str | None = None, ready: str | None = None, **env) -> ProcfileProcess:
+        """`name` as the Procfile starts it (or `command`); with HOSTS=1 in the network namespace of `name`,
+        but for the sandbox, which stays in the root namespace with the other services."""
+        wrap = (lambda argv: self.hosts.command(name, argv)) if self.hosts and name != "sandbox" else None
+        return ProcfileProcess(name, env, command, base=self.env, log_dir=self.workdir, wrap=wrap, ready=ready,
+                               start_timeout=START_TIMEOUT_S)
 
     def start(self) -> None:
-        sandbox_env = {**self.env, "SANDBOX_HOST": self.service_host, "SANDBOX_PORT": str(self.sandbox_port),
-                       "SANDBOX_STATE_DIR": str(self.workdir / "sandbox")}
-        self.procs["sandbox"] = Proc("sandbox", [sys.executable, "-m", "sandbox"], sandbox_env, self.workdir,
-                                     ready_url=f"{self.sandbox_url}/healthz")
-        self.procs["web"] = Proc("web", self._command("web", procfile_command("web")), self.env, self.workdir,
-                                 ready_url=f"{self.web_url}/v1/schema")
+        self.procs["sandbox"] = self._process("sandbox", SANDBOX_HOST=self.service_host,
+                                              SANDBOX_PORT=self.sandbox_port,
+                                              SANDBOX_STATE_DIR=self.workdir / "sandbox")
+        self.procs["web"] = self._process("web")
         worker = procfile_command("worker")
         for n in range(self.workers):
             # Two workers on one machine need two node names (Celery warns about a clash otherwise).
             command = worker.replace("--hostname jobs@%h", f"--hostname jobs{n}@%h")
-            self.procs[f"worker{n}"] = Proc(f"worker{n}", self._command(f"worker{n}", command), self.env,
-                                            self.workdir, ready=" ready.")
-        self.procs["webhooks"] = Proc("webhooks", self._command("webhooks", procfile_command("webhooks")), self.env,
-                                      self.workdir, ready=" ready.")
-        self.procs["beat"] = Proc("beat", self._command("beat", procfile_command("beat")), self.env, self.workdir,
-                                  ready="beat: Starting")
+            self.procs[f"worker{n}"] = self._process(f"worker{n}", command, ready=ProcfileProcess.READY["worker"])
+        self.procs["webhooks"] = self._process("webhooks")
+        self.procs["beat"] = self._process("beat")
         for proc in self.procs.values():  # all at once, then each waited for: a second start-up, not six
             proc.launch()
         for proc in self.procs.values():
-            proc.ready_within(60)
+            proc.ready_within(START_TIMEOUT_S)
 
     # -- faults ------------------------------------------------------------------------------------
 
@@ -262,10 +173,8 @@ class Stack:
 
     def crash_sandbox(self) -> None:
         """SIGKILL the sandbox's server (its supervisor brings it back with the journal's ledger)."""
-        supervisor = self.procs["sandbox"].pid
-        with open(f"/proc/{supervisor}/task/{supervisor}/children") as handle:
-            for pid in handle.read().split():
-                os.kill(int(pid), signal.SIGKILL)
+        for pid in self.procs["sandbox"].children():
+            os.kill(pid, signal.SIGKILL)
 
     def outputs(self) -> set[str]:
         """The keys in the output store right now."""

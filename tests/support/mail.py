@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.sandbox import REPO_ROOT, free_port
+from tests.support.procs import REPO_ROOT, free_port
 
 
 class SmtpProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from tests.support.sandbox import free_port
+from tests.support.procs import free_port
 
 
 class MotoServer:
