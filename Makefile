@@ -59,15 +59,17 @@ run: migrate
 test: install-dev migrate
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The inner loop: everything but the end-to-end tests that start the whole stack and the storm.
+# The inner loop: everything but the storm, the fuzzing and the browser, stopping at the first failure.
+# Narrower still: make test-quick PYTEST_ARGS='-m "not e2e"' (no test that starts the stack's processes),
+# or a folder of tests/, e.g. PYTEST_ARGS=tests/executor.
 test-quick: install-dev migrate
-	$(BIN)/python -m pytest -m "not e2e" -x -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not storm and not fuzz and not browser" -x -q $(PYTEST_ARGS)
 
 # Every benchmark, one at a time, then one table of their figures into bench/README.md (bench/all.py).
 bench: install-dev migrate
 	$(BIN)/python bench/all.py $(BENCH_ARGS)
 
-# tests/test_fuzz_api.py with 500 examples per operation: no 5xx, every answer as the schema says, no 4xx
+# tests/e2e/test_fuzz_api.py with 500 examples per operation: no 5xx, every answer as the schema says, no 4xx
 # that wrote a row, queued a task or called a provider (tests/fuzz/api_schemathesis.py --help).
 fuzz-api: install-dev migrate
 	$(BIN)/python tests/fuzz/api_schemathesis.py

@@ -299,7 +299,7 @@ SSE_INTERVAL_S = env_float("SSE_INTERVAL_S", 1.2, minimum=0.05)
 SSE_MAX_S = env_float("SSE_MAX_S", 600.0, minimum=1.0)
 # At most this many open streams per client, counted across every web process (leases in CACHE_URL's
 # Redis; without one, per process), and per web process whoever opens them; one more is 429
-# TOO_MANY_STREAMS (jobs.streams). 200 a process: tests/test_events.py holds 200 open on two cores while
+# TOO_MANY_STREAMS (jobs.streams). 200 a process: tests/jobs/test_events.py holds 200 open on two cores while
 # the API still answers; each costs a snapshot read every SSE_INTERVAL_S.
 SSE_MAX_PER_CLIENT = env_int("SSE_MAX_PER_CLIENT", 20, minimum=1)
 SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)
@@ -333,7 +333,7 @@ CELERY_RESULT_EXTENDED = True
 # Nor are failures stored: a task that failed because its database connection was cut had its error
 # written over the same dead connection, which raised outside the task; Celery's threads pool swallowed
 # that, the task was never completed nor acknowledged, and after WORKER_CONCURRENCY of them the worker
-# took no message again (the storm's connection cuts found it: tests/test_db_cuts.py). Every failure is
+# took no message again (the storm's connection cuts found it: tests/e2e/test_crash.py). Every failure is
 # a JSON log line with its task id and traceback instead (config.logs).
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_STORE_ERRORS_EVEN_IF_IGNORED = False

@@ -3,7 +3,7 @@ what a job's policy says when the request does not, which of the three kinds of 
 what an attempt's error class means for the chain, how long to wait before the next try, how long an
 attempt may be waited on and its key lives, and the LLM call's own rules. No database and no network
 here: executor.render and executor.llm read the record and act on what these say, and
-tests/test_policy.py checks them row by row.
+tests/executor/test_policy.py checks them row by row.
 """
 
 from dataclasses import dataclass

@@ -51,7 +51,7 @@ def upstream_key_parts(text: str) -> tuple[uuid.UUID, int] | None:
 
 # The intent, inserted only if its reservation fit (billing.services.reserve_then runs it after the
 # reservation, in the same statement: `reserved` is that reservation). One statement joining the work of
-# two apps to save a commit: tests/test_commit_budget.py holds the budget it exists for.
+# two apps to save a commit: tests/jobs/test_commit_budget.py holds the budget it exists for.
 _INTENT_SQL = f"""
 INSERT INTO executor_attempt (job_id, run, step, number, provider, model, upstream_key, upstream_id, state,
                               request, sends, poll_errors, created_at, submitted_at)

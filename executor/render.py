@@ -222,7 +222,7 @@ def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | N
     mark was written); None when there is no such attempt in hand, or when the end lost (the attempt is
     read again, and the wait step looks at it as usual).
 
-    One statement joining the work of three apps to save two commits (tests/test_commit_budget.py)."""
+    One statement joining the work of three apps to save two commits (tests/jobs/test_commit_budget.py)."""
     if attempt is None or attempt.state != AttemptState.RUNNING or not attempt.output_url:
         return None
     fields = record.end_fields(attempt, money=Money.SETTLE, fields={"state": AttemptState.SUCCEEDED})
@@ -393,7 +393,7 @@ def _answered_accepted(attempt: Attempt, submission, *, done) -> None:
     """The provider accepted the send: the attempt runs under its upstream id, with what it cost and how
     long it expects to take; where the answer carried the finished work, where that is (no poll needed for
     it). With the submit step's done mark in hand, the acceptance and the mark are one statement, one
-    commit (DoneMark.with_update; tests/test_commit_budget.py holds the budget)."""
+    commit (DoneMark.with_update; tests/jobs/test_commit_budget.py holds the budget)."""
     fields = {
         "state": AttemptState.RUNNING, "upstream_id": submission.upstream_id, "accepted_at": timezone.now(),
         "error_class": None, "error": None, **record.telemetry(attempt, submission.cost_usd, submission.usage),

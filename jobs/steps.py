@@ -249,7 +249,7 @@ class DoneMark:
     Either way the mark is conditional on our lease, as step_mark_done is. The runner reads `state`
     afterwards: None (not marked: it marks the step itself with what the work returned), or a Marked, with
     `result` the one written. One statement joining the work of two apps to save a commit, where it is
-    `with_update` (tests/test_commit_budget.py)."""
+    `with_update` (tests/jobs/test_commit_budget.py)."""
 
     def __init__(self, step_id: int, owner: str):
         self.step_id, self.owner = step_id, owner

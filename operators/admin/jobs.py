@@ -142,7 +142,7 @@ def bulk_filter_from_params(params) -> JobFilter:
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     # What an operator reads first to the left, and nothing wider than it needs: a 1366 px laptop screen
-    # shows every column (tests/test_admin_browser.py measures it in chromium).
+    # shows every column (tests/operators/test_admin_browser.py measures it in chromium).
     list_display = ("short_id", "client_name", "status", "cost", "kind", "chain", "run", "created", "completed")
     list_filter = ("status", "kind", ("client", ClientFilter), ModelFilter, MonthFilter)
     search_fields = ("id",)  # shows the search box; the search itself is jobs_search (get_search_results)

@@ -22,7 +22,7 @@ class OrderAdmin(admin.ModelAdmin):
     (what it may reserve, that it pays again, a required reason) and an audit row (operators.operations)."""
 
     # Cost beside the order's status, to the left; ids and names clipped (whole in their title): a 1366 px
-    # laptop screen shows every column (tests/test_admin_browser.py measures it in chromium).
+    # laptop screen shows every column (tests/operators/test_admin_browser.py measures it in chromium).
     list_display = ("payment", "client_name", "status", "job_status", "cost_usd", "unpriced_attempts", "product",
                     "run", "created")
     list_filter = ("status", "product")

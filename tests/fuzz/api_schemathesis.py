@@ -1,7 +1,7 @@
 """Fuzz the API against its own OpenAPI document with schemathesis, longer than `make test` does:
 `make fuzz-api`.
 
-Runs tests/test_fuzz_api.py (the same stack, hooks and checks: no 5xx, every answer as the schema says,
+Runs tests/e2e/test_fuzz_api.py (the same stack, hooks and checks: no 5xx, every answer as the schema says,
 no 4xx that wrote a row, queued a task or called a provider, and the books after a worker ran what was
 queued) with more examples per operation and the seed asked for, on a database of its own
 (test_payonce_fuzz, so a `make test` running at the same time keeps its test_payonce). Exits with
@@ -28,7 +28,7 @@ def main() -> int:
     env = {**os.environ, "FUZZ_MAX_EXAMPLES": str(args.max_examples), "FUZZ_SEED": str(args.seed),
            "FUZZ_SCHEMATHESIS_ARGS": args.schemathesis_args,
            "DATABASE_URL": os.environ.get("FUZZ_DATABASE_URL", "postgres://localhost:5432/payonce_fuzz")}
-    command = [sys.executable, "-m", "pytest", "tests/test_fuzz_api.py", "-s"]
+    command = [sys.executable, "-m", "pytest", "tests/e2e/test_fuzz_api.py", "-s"]
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 

@@ -1,7 +1,7 @@
 """schemathesis hooks for payonce's API fuzzing: a request answered 4xx wrote nothing and can pay nothing.
 
 Loaded by schemathesis from tests/fuzz/schemathesis.toml (`hooks = "tests.fuzz.hooks"`). The runner
-(tests/test_fuzz_api.py) runs only `web` while schemathesis sends requests one at a time (`workers = 1`),
+(tests/e2e/test_fuzz_api.py) runs only `web` while schemathesis sends requests one at a time (`workers = 1`),
 so any change between just before a request and just after its answer is that request's doing. Around
 every request these hooks take a snapshot of:
 

@@ -1,4 +1,4 @@
-"""A process of the budget tests (tests/test_budget_concurrency.py): separate processes, not threads of one.
+"""A process of the budget tests (tests/billing/test_budget_concurrency.py): separate processes, not threads of one.
 
     python tests/support/budget_load.py load PLAN INDEX RESULT      pay for this process's share of each trial
     python tests/support/budget_load.py sample RESULT STOP          sample every client month until STOP exists

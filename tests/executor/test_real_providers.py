@@ -1,0 +1,53 @@
+"""Real providers are opt-in: off, their models answer from recorded fixtures with no network; on
+without a key, payonce refuses to start."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import media_body
+from tests.support.procs import REPO_ROOT, process_env
+from tests.e2e.test_media import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_real_providers_on_without_a_key_refuses_to_start(db):
+    env = process_env(REAL_PROVIDERS="1", ANTHROPIC_API_KEY="", OPENAI_API_KEY="", REPLICATE_API_TOKEN="")
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    for variable in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "REPLICATE_API_TOKEN"):
+        assert variable in done.stderr
+
+
+def test_real_providers_on_with_a_key_starts(db):
+    env = process_env(REAL_PROVIDERS="1", ANTHROPIC_API_KEY="sk-ant-test", OPENAI_API_KEY="", REPLICATE_API_TOKEN="")
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_provider_without_its_key_is_refused_at_submit_when_real_providers_are_on(api, settings):
+    settings.REAL_PROVIDERS = True
+    settings.ANTHROPIC_API_KEY = "sk-ant-test"
+    settings.REPLICATE_API_TOKEN = ""
+    response = api.create(media_body(models=["replicate/black-forest-labs/flux-schnell"]))
+    assert response.status_code == 422
+    assert "no API key" in str(response.json()["error"]["fields"]["models"])
+
+
+@pytest.mark.e2e
+def test_a_replicate_job_runs_on_recorded_fixtures_with_real_providers_off(jobs_worker, ledger, api):
+    response = api.create(media_body(models=["replicate/black-forest-labs/flux-schnell"]), key="replay")
+    assert response.status_code == 201, response.content
+    job, _ = wait_for(api, response.json()["id"], {"succeeded", "failed", "waiting"})
+
+    assert job["status"] == "succeeded", job
+    [attempt] = job["attempts"]
+    assert (attempt["provider"], attempt["model"], attempt["state"]) == (
+        "replicate", "black-forest-labs/flux-schnell", "succeeded")
+    download = api.http.get(f"/v1/jobs/{job['id']}/output", headers=api.headers())
+    assert b"".join(download.streaming_content).startswith(b"\x89PNG")
+    assert ledger.calls() == []  # the sandbox was not involved, and no real provider was reached

@@ -1,0 +1,184 @@
+"""The documents cannot rot: the README's quickstart runs, every link names a file and heading that exist,
+and every document the code cites exists with the heading it names.
+
+Every ```sh block of README.md runs, in order, in one `bash -euo pipefail` (as a reader's terminal
+would: a block's variables and functions are the next block's), against the real `web` process, a
+worker and the sandbox, with the README's `127.0.0.1:8000` and `127.0.0.1:8100` pointed at them and
+`KEY` set to a client of the test's own. Only a block whose first line is `# not run by
+tests/project/test_readme.py: <why>` is skipped (installing, `make run`, `make test`, a key to paste). Every
+block that runs must show what it prints (`# prints: <line>`, where `...` stands for anything), and its
+output must hold each of those lines, whole and in order: an example that stops working fails here.
+"""
+
+import os
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobs.services import client_create
+from tests.support.books import assert_books_balance
+from tests.support.procs import REPO_ROOT
+
+README = REPO_ROOT / "README.md"
+DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
+README_WEB = "http://127.0.0.1:8000"
+README_SANDBOX = "http://127.0.0.1:8100"
+SKIP_MARK = "# not run by tests/project/test_readme.py:"
+PRINTS = re.compile(r"^\s*# prints: (.*?)\s*$", re.M)
+# The quickstart's examples: a first job (create, follow, the ledger), a failure and a retry, an order
+# and its report, the month's spend. Fewer blocks running means examples were marked away.
+MIN_BLOCKS_RUN = 6
+BLOCK_MARKER = "::readme-block {}::"
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block, dedented (a block may sit in a list item)."""
+    return [(lang, textwrap.dedent(body))
+            for lang, body in re.findall(r"^[ \t]*```(\S*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", text, re.M | re.S)]
+
+
+def readme_sh_blocks() -> list[str]:
+    return [body for lang, body in fenced_blocks(README.read_text()) if lang == "sh"]
+
+
+def expected_line(expected: str) -> re.Pattern:
+    return re.compile(".*".join(re.escape(part) for part in expected.split("...")) + r"\Z")
+
+
+def assert_prints(block: str, output: str) -> None:
+    """Each `# prints:` line of the block is a whole line of its output, in order."""
+    lines = [line.strip() for line in output.splitlines()]
+    position = 0
+    for expected in PRINTS.findall(block):
+        pattern = expected_line(expected)
+        found = next((i for i in range(position, len(lines)) if pattern.match(lines[i])), None)
+        assert found is not None, f"the block\n{block}\nshould print {expected!r}; it printed:\n{output}"
+        position = found + 1
+
+
+def test_only_marked_blocks_are_skipped_and_every_other_one_shows_what_it_prints():
+    languages = {lang for lang, _ in fenced_blocks(README.read_text())}
+    # A shell example in a fence of another name (```bash, ```console, or none) would never run.
+    assert languages <= {"sh", "json", "python"}, languages
+    skipped, run = [], []
+    for block in readme_sh_blocks():
+        first = block.splitlines()[0]
+        if first.startswith(SKIP_MARK):
+            assert first[len(SKIP_MARK):].strip(), f"a skipped block says why: {first!r}"
+            skipped.append(block)
+        else:
+            assert SKIP_MARK not in block, f"the mark is a block's first line, or nothing:\n{block}"
+            assert PRINTS.search(block), f"a block that runs shows what it prints:\n{block}"
+            # Only the two addresses the test points at its own processes.
+            others = set(re.findall(r"(?:127\.0\.0\.1|localhost):\d+", block)) - {"127.0.0.1:8000", "127.0.0.1:8100"}
+            assert not others, (others, block)
+            run.append(block)
+    assert len(run) >= MIN_BLOCKS_RUN, f"{len(run)} blocks run, {len(skipped)} skipped"
+    assert any("make run" in block for block in skipped)  # the two commands are the quickstart's first
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_readme_quickstart_runs_against_a_real_stack(web_stack, web_worker, ledger, tmp_path):
+    credentials = client_create(name="readme")
+    blocks = [block for block in readme_sh_blocks() if not block.startswith(SKIP_MARK)]
+    script = []
+    for number, block in enumerate(blocks):
+        script.append(f"printf '\\n{BLOCK_MARKER.format(number)}\\n'")
+        script.append(block.replace(README_WEB, web_stack.url).replace(README_SANDBOX, ledger.url))
+    script.append(f"printf '\\n{BLOCK_MARKER.format('end')}\\n'")
+    path = tmp_path / "readme.sh"
+    path.write_text("\n".join(script) + "\n")
+    env = {**os.environ, "KEY": credentials["api_key"]}
+    done = subprocess.run(["bash", "-euo", "pipefail", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    outputs = re.split(r"^::readme-block (\S+)::\n", done.stdout, flags=re.M)[1:]
+    printed = dict(zip(outputs[::2], outputs[1::2]))
+    if done.returncode != 0 or "end" not in printed:
+        last = [name for name in printed if name != "end"][-1:] or ["0"]
+        pytest.fail(f"README block {last[0]} stopped (exit {done.returncode}):\n{blocks[int(last[0])]}\n"
+                    f"it printed:\n{printed.get(last[0], done.stdout)}")
+    for number, block in enumerate(blocks):
+        assert_prints(block, printed[str(number)])
+    # Every charge the examples made is one attempt of payonce's, at its recorded cost: the first
+    # render, the failed one and its retry, and the report's synthesis and chapters.
+    charges = assert_books_balance(ledger)
+    assert sum(charge["model"] == "video-keyed" for charge in charges) == 3
+
+
+# --- links and citations -------------------------------------------------------------------------------
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, code marks and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        found.add(base if count == 0 else f"{base}-{count}")
+        seen[base] = count + 1
+    return found
+
+
+def links(path: Path) -> list[str]:
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", path.read_text(), flags=re.M | re.S)
+    text = re.sub(r"``.*?``|`[^`\n]*`", "code", text)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize("document", [README, *DOCS], ids=lambda path: str(path.relative_to(REPO_ROOT)))
+def test_every_relative_link_names_a_file_and_a_heading_that_exist(document):
+    for target in links(document):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        file_part, _, anchor = target.partition("#")
+        linked = (document.parent / file_part).resolve() if file_part else document
+        assert linked.exists(), f"{document.name}: {target} names no file"
+        if anchor and linked.suffix == ".md":
+            assert anchor in anchors(linked), f"{document.name}: {target}: no such heading in {linked.name}"
+
+
+# --- what the code cites ---------------------------------------------------------------------------------
+
+# The specification payonce was built from lives outside the repository: citing it sends a reader nowhere.
+OUTSIDE_DOCUMENTS = re.compile("|".join(re.escape(name + ".md") for name in ("DESIGN", "API", "STYLE")))
+# (docs/design.md, "Keys have a lifetime"): a document, and optionally the heading it names, in quotes.
+CITATION = re.compile(r"(docs/[\w./-]+\.md)(?:,\s*\(?\"([^\"]+)\")?")
+
+
+def tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    found = []
+    for name in names.splitlines():
+        path = REPO_ROOT / name
+        if path.suffix in (".svg", ".png") or not path.is_file():
+            continue
+        try:
+            found.append((path, path.read_text()))
+        except UnicodeDecodeError:
+            continue
+    return found
+
+
+def test_every_document_the_code_cites_exists_with_the_heading_it_names():
+    cited = 0
+    for path, text in tracked_text_files():
+        where = path.relative_to(REPO_ROOT)
+        assert not OUTSIDE_DOCUMENTS.search(text), f"{where} cites a document that is not in the repository"
+        for document, section in CITATION.findall(text):
+            cited += 1
+            assert (REPO_ROOT / document).is_file(), f"{where} cites {document}, which does not exist"
+            if section:
+                headings = {slug(h) for h in re.findall(r"^#{1,6} (.+?)\s*$", (REPO_ROOT / document).read_text(), re.M)}
+                assert slug(" ".join(section.split())) in headings, f"{where}: {document} has no heading {section!r}"
+    assert cited >= 60  # the code's citations of design, API, operating and sandbox sections (83 when written)
