@@ -137,8 +137,11 @@ def make_plan(seed: int, jobs: int, submit_s: float) -> Plan:
     # Kills aimed at the dangerous moments (storm.Storm.aimed_kill says how each is made to happen).
     aims = ["submit_in_flight", "answer_before_commit", "upload_before_finish"]
     for k in range(max(3, int(submit_s // 10))):
-        # While jobs still arrive (the first 80%): an aim needs work in flight (checks.check_landed).
-        events.append(Event(round(rng.uniform(3, 0.8 * submit_s), 3), "aimed_kill", {"aim": aims[k % 3]}))
+        # While jobs still arrive: an aim needs work in flight (checks.check_landed). Planned in the first 60%
+        # of the sending, not 80%: the events before an aim delay it (each aimed kill takes seconds, a
+        # PostgreSQL restart more), and one planned at 80% ran at 25.7 s of a 25 s sending with nothing left
+        # to hit (seed 3 in CI). One draw each as before, so every seed keeps its other events.
+        events.append(Event(round(rng.uniform(3, 0.6 * submit_s), 3), "aimed_kill", {"aim": aims[k % 3]}))
     events.append(Event(round(rng.uniform(0.25, 0.35) * submit_s, 3), "crash_sandbox"))
     events.append(Event(round(rng.uniform(0.40, 0.45) * submit_s, 3), "flush_broker"))
     events.append(Event(round(rng.uniform(0.50, 0.55) * submit_s, 3), "kill_webhooks"))
