@@ -195,7 +195,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "jobs.schema.report_fields_are_optional", "jobs.schema.event_stream_path"],
+                             "jobs.schema.report_fields_are_optional", "jobs.schema.event_stream_path",
+                             "jobs.schema.api_errors"],
 }
 
 # Where links to outputs point (job JSON, webhooks). The API serves filesystem-store outputs itself.

@@ -101,6 +101,23 @@ class UnsupportedMediaType(ApiError):
     code = "UNSUPPORTED_MEDIA_TYPE"
 
 
+# Every code an answer of the API can carry (`error.code`), for the OpenAPI document's `ErrorCode` enum and
+# so for the client libraries' error classes. tests/jobs/test_error_codes.py finds every code the code
+# base answers with and fails on one missing here or from docs/api.md's table.
+ERROR_CODES = (
+    "BAD_REQUEST", "IDEMPOTENCY_KEY_MISSING", "IDEMPOTENCY_KEY_INVALID", "CALLBACK_UNVERIFIED",
+    "UNAUTHENTICATED", "FORBIDDEN",
+    "NOT_FOUND", "NOT_A_REPORT", "CALLBACK_NOT_CONFIGURED", "CALLBACK_UNKNOWN_GENERATION",
+    "METHOD_NOT_ALLOWED", "NOT_ACCEPTABLE", "REQUEST_TIMEOUT",
+    "IDEMPOTENCY_CONFLICT", "OUTPUT_KEY_CONFLICT", "JOB_TERMINAL", "JOB_NOT_RETRYABLE", "JOB_NOT_SUCCEEDED",
+    "REPORT_NOT_SEALED", "CALLBACK_EARLY",
+    "PAYLOAD_TOO_LARGE", "UNSUPPORTED_MEDIA_TYPE", "INVALID_REQUEST",
+    "TOO_MANY_STREAMS",
+    "INTERNAL_ERROR", "ERROR",
+    "DATABASE_UNAVAILABLE", "STORE_UNAVAILABLE",
+)
+
+
 def error_body(code: str, message: str, **extra) -> dict:
     return {"error": {"code": code, "message": message, **extra}}
 
@@ -122,7 +139,6 @@ _DRF_CODES = {
     exceptions.MethodNotAllowed: "METHOD_NOT_ALLOWED",
     exceptions.NotAcceptable: "NOT_ACCEPTABLE",
     exceptions.UnsupportedMediaType: "UNSUPPORTED_MEDIA_TYPE",
-    exceptions.Throttled: "RATE_LIMITED",
 }
 
 

@@ -1,10 +1,14 @@
 """The OpenAPI document: the Bearer API-key authentication (drf-spectacular extension), the hooks that
 complete what drf-spectacular sees, and the views that serve the document and its page."""
 
+import copy
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+
+from jobs.errors import ERROR_CODES
 
 
 class BearerAPIKeyScheme(OpenApiAuthenticationExtension):
@@ -129,6 +133,46 @@ def event_stream_path(result, generator, request, public):
     paths = result.setdefault("paths", {})
     paths["/v1/jobs/{job_id}/events"] = {"get": EVENTS_OPERATION}
     paths["/v1/callbacks/{provider}"] = {"post": CALLBACK_OPERATION}
+    return result
+
+
+_RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "integer", "minimum": 0},
+                                "description": "Seconds to wait before sending the same request again."}}
+_LOCATION = {"Location": {"required": True, "schema": {"type": "string"}, "description": "Where the answer is."}}
+DATABASE_UNAVAILABLE = {
+    "description": "DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request "
+                   "again after Retry-After: a create under the same Idempotency-Key gives the "
+                   "same job, whatever was committed.",
+    "content": _ERROR_REF, "headers": _RETRY_AFTER}
+
+
+def api_errors(result, generator, request, public):
+    """drf-spectacular postprocessing hook: what every operation of the API may answer besides its own.
+
+    - `ErrorBody.code` is the enum of every code (jobs.errors.ERROR_CODES), so a client library's types
+      name each one;
+    - every operation that reads the database may answer `503 DATABASE_UNAVAILABLE` with `Retry-After`
+      (jobs.errors.api_exception_handler), which a client is to wait out and send again; the output's
+      own 503 (STORE_UNAVAILABLE) says both;
+    - a redirect names its `Location`."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["ErrorCode"] = {"type": "string", "enum": list(ERROR_CODES),
+                            "description": "docs/api.md, \"Every error code\"."}
+    schemas["ErrorBody"]["properties"]["code"] = {"$ref": "#/components/schemas/ErrorCode"}
+    for path, operations in result.get("paths", {}).items():
+        if not path.startswith("/v1/") or path in ("/v1/schema", "/v1/docs"):
+            continue
+        for operation in operations.values():
+            responses = operation["responses"]
+            if "503" in responses:
+                responses["503"]["description"] = ("STORE_UNAVAILABLE (the output store cannot be reached) or "
+                                                   + DATABASE_UNAVAILABLE["description"])
+                responses["503"]["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False}}
+            else:
+                responses["503"] = copy.deepcopy(DATABASE_UNAVAILABLE)  # a YAML dump would alias one dict
+            for code in ("301", "302", "303", "307", "308"):
+                if code in responses:
+                    responses[code].setdefault("headers", copy.deepcopy(_LOCATION))
     return result
 
 

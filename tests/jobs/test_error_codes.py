@@ -1,0 +1,62 @@
+"""Every error code the API answers with is in jobs.errors.ERROR_CODES (the OpenAPI document's
+`ErrorCode` enum, from which the client libraries take their error classes) and in docs/api.md's table,
+and the list holds no code nothing answers with."""
+
+import ast
+import re
+from pathlib import Path
+
+from jobs import errors
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ("config", "jobs", "orders", "executor", "webhooks", "billing")
+# Calls whose argument at this position is an answer's error code.
+CODE_ARGUMENT = {"error_body": 0, "_refuse": 2, "Refused": 1, "Answer": 1}
+# Codes of routes outside the API document (/metrics), which it does not describe.
+OUTSIDE_THE_DOCUMENT = {"METRICS_UNAUTHORIZED", "METRICS_FORBIDDEN"}
+
+
+def _called(node: ast.Call) -> str:
+    return node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+
+
+def codes_in_source() -> set[str]:
+    found = set()
+    for app in APPS:
+        for path in (ROOT / app).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and _called(node) in CODE_ARGUMENT:
+                    position = CODE_ARGUMENT[_called(node)]
+                    argument = node.args[position] if len(node.args) > position else None
+                    # Other calls share these names (a URL check's Refused says why in words): a code is
+                    # an upper-case constant.
+                    if isinstance(argument, ast.Constant) and re.fullmatch(r"[A-Z][A-Z_]+", str(argument.value)):
+                        found.add(argument.value)
+    found |= {cls.code for cls in _subclasses(errors.ApiError)}
+    found |= set(errors._DRF_CODES.values()) | {"ERROR"}  # ERROR: the handler's fallback
+    return found
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_code_answered_is_listed_and_every_listed_code_is_answered():
+    answered = codes_in_source()
+    assert "CALLBACK_EARLY" in answered and "REQUEST_TIMEOUT" in answered  # the walk sees every kind of site
+    assert answered - set(errors.ERROR_CODES) == set()
+    assert set(errors.ERROR_CODES) - answered == set()
+    assert len(errors.ERROR_CODES) == len(set(errors.ERROR_CODES))
+
+
+def test_docs_table_names_every_code():
+    text = (ROOT / "docs" / "api.md").read_text()
+    table = text.split("## Every error code", 1)[1].split("\n## ", 1)[0]
+    code_cells = [row.split("|")[2] for row in table.splitlines() if row.startswith("| ")]
+    documented = set(re.findall(r"`([A-Z][A-Z_]+)`", "".join(code_cells)))
+    assert set(errors.ERROR_CODES) - documented == set()
+    assert documented - set(errors.ERROR_CODES) - OUTSIDE_THE_DOCUMENT == set()
