@@ -194,6 +194,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Enums named for what they are (the client libraries' types take these names), not StatusEnum.
+    "ENUM_NAME_OVERRIDES": {"JobStatus": "jobs.models.JobStatus", "JobKind": "jobs.models.JobKind",
+                            "OrderStatus": ["paid", "duplicate"]},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "jobs.schema.report_fields_are_optional", "jobs.schema.event_stream_path",
                              "jobs.schema.api_errors"],

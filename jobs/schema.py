@@ -146,6 +146,23 @@ DATABASE_UNAVAILABLE = {
     "content": _ERROR_REF, "headers": _RETRY_AFTER}
 
 
+# The fields some codes add beside `code` and `message` (jobs.errors.ApiError's extras).
+_ERROR_EXTRAS = {
+    "fields": {"type": "object", "description": "INVALID_REQUEST: what is wrong, by field (`input.render_s`)."},
+    "job_id": {"type": "string", "nullable": True,
+               "description": "IDEMPOTENCY_CONFLICT, OUTPUT_KEY_CONFLICT: the job that holds the key."},
+    "order_id": {"type": "string", "description": "IDEMPOTENCY_CONFLICT of an order: the order of that payment."},
+    "output_key": {"type": "string", "description": "OUTPUT_KEY_CONFLICT: the key asked for."},
+    "status": {"$ref": "#/components/schemas/JobStatus",
+               "description": "JOB_TERMINAL, JOB_NOT_RETRYABLE, JOB_NOT_SUCCEEDED: the job's status."},
+    "kind": {"$ref": "#/components/schemas/JobKind", "description": "NOT_A_REPORT: the job's kind."},
+    "scope": {"type": "string", "enum": ["client", "process"],
+              "description": "TOO_MANY_STREAMS: whose limit was reached."},
+    "limit": {"type": "integer", "description": "TOO_MANY_STREAMS: that limit."},
+    "limit_bytes": {"type": "integer", "description": "PAYLOAD_TOO_LARGE: the largest body taken."},
+}
+
+
 def api_errors(result, generator, request, public):
     """drf-spectacular postprocessing hook: what every operation of the API may answer besides its own.
 
@@ -158,7 +175,10 @@ def api_errors(result, generator, request, public):
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorCode"] = {"type": "string", "enum": list(ERROR_CODES),
                             "description": "docs/api.md, \"Every error code\"."}
-    schemas["ErrorBody"]["properties"]["code"] = {"$ref": "#/components/schemas/ErrorCode"}
+    body = schemas["ErrorBody"]
+    body["properties"]["code"] = {"$ref": "#/components/schemas/ErrorCode"}
+    body["properties"].update(_ERROR_EXTRAS)
+    body["additionalProperties"] = True  # a later release may add a field; a client ignores what it does not know
     for path, operations in result.get("paths", {}).items():
         if not path.startswith("/v1/") or path in ("/v1/schema", "/v1/docs"):
             continue

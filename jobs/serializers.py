@@ -14,7 +14,7 @@ from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FAL
 from executor.registry import PAYONCE_INPUT_KEYS, input_problems, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
-from jobs.models import JobKind, ReportChapter
+from jobs.models import JobKind, JobStatus, ReportChapter
 from jobs.selectors import succeeded_output_keys
 from webhooks import services as webhooks
 
@@ -368,8 +368,8 @@ class JobSerializer(serializers.Serializer):
     """A job as the API and webhooks show it (docs/api.md, "A job"): the schema of job_as_dict."""
 
     id = serializers.UUIDField()
-    kind = serializers.CharField()
-    status = serializers.CharField()
+    kind = serializers.ChoiceField(choices=JobKind.choices)  # choices: the document's enums (JobKind, JobStatus)
+    status = serializers.ChoiceField(choices=JobStatus.choices)
     run = serializers.IntegerField()
     idempotency_key = serializers.CharField()
     models = serializers.ListField(child=serializers.CharField(), source="model_chain")

@@ -361,13 +361,18 @@ def report_page(request, token: str):
 
 # --- spend (money is billing's; this is its API) ------------------------------------------------------------
 
-_MONEY = serializers.CharField(help_text="USD as a decimal string with 6 places")
+def _money():
+    """A money field: a new one for each use (a DRF field belongs to the one serializer it is bound to; one
+    shared instance left the document with a single field named after its last use)."""
+    return serializers.CharField(help_text="USD as a decimal string with 6 places")
+
+
 _SPEND = inline_serializer("Spend", {
     "month": serializers.CharField(), "resets_at": serializers.DateTimeField(),
-    "cap_usd": _MONEY, "spent_usd": _MONEY, "reserved_usd": _MONEY, "headroom_usd": _MONEY,
+    "cap_usd": _money(), "spent_usd": _money(), "reserved_usd": _money(), "headroom_usd": _money(),
     "unpriced_attempts": serializers.IntegerField(),
     "by_model": inline_serializer("SpendByModel", {
-        "model": serializers.CharField(), "spent_usd": _MONEY, "attempts": serializers.IntegerField(),
+        "model": serializers.CharField(), "spent_usd": _money(), "attempts": serializers.IntegerField(),
         "unpriced_attempts": serializers.IntegerField(),
     }, many=True),
 })
