@@ -1,0 +1,122 @@
+"""The Python client of payonce: paid AI generation jobs whose retries never pay twice.
+
+    from payonce_client import Payonce
+
+    po = Payonce(base_url="http://127.0.0.1:8000", api_key="...")
+    job = po.jobs.create(kind="media", models=["sandbox/video-keyed"], input={"prompt": "a lighthouse"})
+    print(po.jobs.wait(job.id).status)
+
+See :class:`Payonce` (and :class:`AsyncPayonce`), :mod:`payonce_client.errors` and
+:mod:`payonce_client.webhooks`.
+"""
+
+from . import errors, webhooks
+from ._async_client import AsyncJobs, AsyncOrders, AsyncOutputStream, AsyncPayonce
+from ._client import Jobs, Orders, OutputStream, Payonce
+from ._models import (
+    STOP_STATUSES,
+    TERMINAL_STATUSES,
+    Attempt,
+    Chapter,
+    Cost,
+    Event,
+    Job,
+    Order,
+    OrderJob,
+    Report,
+    ReportText,
+    Spend,
+    SpendByModel,
+    WhoAmI,
+)
+from ._version import __version__
+from .errors import (
+    ERROR_CLASSES,
+    APIConnectionError,
+    APIError,
+    BadRequest,
+    DatabaseUnavailable,
+    Forbidden,
+    IdempotencyConflict,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    InternalError,
+    InvalidRequest,
+    JobNotRetryable,
+    JobNotSucceeded,
+    JobTerminal,
+    MethodNotAllowed,
+    NotAcceptable,
+    NotAReport,
+    NotFound,
+    OutputKeyConflict,
+    PayloadTooLarge,
+    PayonceError,
+    RateLimited,
+    ReportNotSealed,
+    RequestTimeout,
+    StoreUnavailable,
+    TooManyStreams,
+    Unauthenticated,
+    UnsupportedMediaType,
+    WaitTimeout,
+    WebhookVerificationError,
+)
+
+__all__ = [
+    "ERROR_CLASSES",
+    "STOP_STATUSES",
+    "TERMINAL_STATUSES",
+    "APIConnectionError",
+    "APIError",
+    "AsyncJobs",
+    "AsyncOrders",
+    "AsyncOutputStream",
+    "AsyncPayonce",
+    "Attempt",
+    "BadRequest",
+    "Chapter",
+    "Cost",
+    "DatabaseUnavailable",
+    "Event",
+    "Forbidden",
+    "IdempotencyConflict",
+    "IdempotencyKeyInvalid",
+    "IdempotencyKeyMissing",
+    "InternalError",
+    "InvalidRequest",
+    "Job",
+    "JobNotRetryable",
+    "JobNotSucceeded",
+    "JobTerminal",
+    "Jobs",
+    "MethodNotAllowed",
+    "NotAReport",
+    "NotAcceptable",
+    "NotFound",
+    "Order",
+    "OrderJob",
+    "Orders",
+    "OutputKeyConflict",
+    "OutputStream",
+    "PayloadTooLarge",
+    "Payonce",
+    "PayonceError",
+    "RateLimited",
+    "Report",
+    "ReportNotSealed",
+    "ReportText",
+    "RequestTimeout",
+    "Spend",
+    "SpendByModel",
+    "StoreUnavailable",
+    "TooManyStreams",
+    "Unauthenticated",
+    "UnsupportedMediaType",
+    "WaitTimeout",
+    "WebhookVerificationError",
+    "WhoAmI",
+    "__version__",
+    "errors",
+    "webhooks",
+]
