@@ -23,13 +23,24 @@ $(BIN)/.installed: requirements.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-$(BIN)/.installed-dev: requirements-dev.txt $(BIN)/.installed
+# The suite also drives the Python client library (clients/python), installed editable so a change to it
+# is what the next run tests.
+$(BIN)/.installed-dev: requirements-dev.txt clients/python/pyproject.toml $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ./clients/python
 	touch $@
+
+# The TypeScript client library's tests run on the machine's Node.js (18 or newer), with the packages its
+# committed lock file names. Without npm this says so, and those tests fail saying the same.
+TS_CLIENT := clients/typescript
+$(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package-lock.json
+	@if command -v npm >/dev/null; then \
+	  cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "npm not found: the TypeScript client's tests need Node.js 18 or newer with npm"; fi
 
 install: $(BIN)/.installed
 
-install-dev: $(BIN)/.installed-dev browser
+install-dev: $(BIN)/.installed-dev browser $(TS_CLIENT)/node_modules/.installed
 
 # The browser tests drive an installed chromium through playwright, which never downloads one: CHROMIUM
 # names it, else the first of chromium, chromium-browser, google-chrome on PATH. Where none is found and
@@ -86,4 +97,4 @@ chaos-pinned: install-dev
 	$(BIN)/python -m tests.chaos.pinned
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist

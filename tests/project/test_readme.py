@@ -8,11 +8,13 @@ worker and the sandbox, with the README's `127.0.0.1:8000` and `127.0.0.1:8100` 
 tests/project/test_readme.py: <why>` is skipped (installing, `make run`, `make test`, a key to paste). Every
 block that runs must show what it prints (`# prints: <line>`, where `...` stands for anything), and its
 output must hold each of those lines, whole and in order: an example that stops working fails here.
+The first job in each client library (```python, ```ts) runs the same way, each block on its own.
 """
 
 import os
 import re
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -27,7 +29,7 @@ DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 README_WEB = "http://127.0.0.1:8000"
 README_SANDBOX = "http://127.0.0.1:8100"
 SKIP_MARK = "# not run by tests/project/test_readme.py:"
-PRINTS = re.compile(r"^\s*# prints: (.*?)\s*$", re.M)
+PRINTS = re.compile(r"^\s*(?:#|//) prints: (.*?)\s*$", re.M)  # `//` in a TypeScript block
 # The quickstart's examples: a first job (create, follow, the ledger), a failure and a retry, an order
 # and its report, the month's spend. Fewer blocks running means examples were marked away.
 MIN_BLOCKS_RUN = 6
@@ -62,7 +64,7 @@ def assert_prints(block: str, output: str) -> None:
 def test_only_marked_blocks_are_skipped_and_every_other_one_shows_what_it_prints():
     languages = {lang for lang, _ in fenced_blocks(README.read_text())}
     # A shell example in a fence of another name (```bash, ```console, or none) would never run.
-    assert languages <= {"sh", "json", "python"}, languages
+    assert languages <= {"sh", "json", "python", "ts"}, languages
     skipped, run = [], []
     for block in readme_sh_blocks():
         first = block.splitlines()[0]
@@ -107,6 +109,32 @@ def test_the_readme_quickstart_runs_against_a_real_stack(web_stack, web_worker, 
     # render, the failed one and its retry, and the report's synthesis and chapters.
     charges = assert_books_balance(ledger)
     assert sum(charge["model"] == "video-keyed" for charge in charges) == 3
+
+
+def test_the_first_job_in_each_client_library_runs_against_a_real_stack(web_stack, web_worker, ledger, tmp_path):
+    """Every ```python and ```ts block of the README runs as a reader would run it (Python with the suite's
+    venv, where clients/python is installed; TypeScript as an ES module on the machine's Node.js, importing
+    `@payonce/client` built from clients/typescript), against the real stack, and prints what it shows."""
+    key = client_create(name="readme-libraries")["api_key"]
+    env = {**os.environ, "KEY": key}
+    blocks = [(lang, body) for lang, body in fenced_blocks(README.read_text()) if lang in ("python", "ts")]
+    assert {lang for lang, _ in blocks} == {"python", "ts"}, "the README shows a first job in each library"
+    package = REPO_ROOT / "clients" / "typescript"
+    build = subprocess.run(["npm", "run", "build"], cwd=package, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stdout + build.stderr
+    (tmp_path / "node_modules" / "@payonce").mkdir(parents=True)
+    (tmp_path / "node_modules" / "@payonce" / "client").symlink_to(package)
+    for number, (lang, body) in enumerate(blocks):
+        assert PRINTS.search(body), f"a block that runs shows what it prints:\n{body}"
+        source = body.replace(README_WEB, web_stack.url)
+        path = tmp_path / (f"block{number}.py" if lang == "python" else f"block{number}.mjs")
+        path.write_text(source)
+        command = [sys.executable, str(path)] if lang == "python" else ["node", str(path)]
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"the README's {lang} block\n{body}\nfailed:\n{done.stdout}{done.stderr}"
+        assert_prints(body, done.stdout)
+    charges = assert_books_balance(ledger)
+    assert len(charges) == len(blocks)  # one render each, paid once
 
 
 # --- links and citations -------------------------------------------------------------------------------

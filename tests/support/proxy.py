@@ -3,7 +3,9 @@
 
 - `lose_answer`: the request goes through and payonce acts on it (the job is made and committed), then
   the proxy reads payonce's whole answer and closes the client's connection without a byte of it: the
-  client never hears, as when a load balancer or a mobile network drops a connection mid-answer;
+  client never hears, as when a load balancer or a mobile network drops a connection mid-answer. An
+  answer without a Content-Length (the event stream) counts as whole once its head arrived: spoiling
+  `GET /v1/jobs/{id}/events` drops the stream as it opens;
 - `answer_503`: the proxy answers the request itself with `503 DATABASE_UNAVAILABLE` and
   `Retry-After: 1`, as payonce does while PostgreSQL restarts, and payonce never sees it.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Self
 
 ANSWER_503 = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -45,13 +48,13 @@ class FlakyProxy:
         self._open: set[socket.socket] = set()
         self._stopped = False
 
-    def __enter__(self) -> FlakyProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> FlakyProxy:
+    def start(self) -> Self:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 
