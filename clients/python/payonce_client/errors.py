@@ -41,7 +41,6 @@ __all__ = [
     "OutputKeyConflict",
     "PayloadTooLarge",
     "PayonceError",
-    "RateLimited",
     "ReportNotSealed",
     "RequestTimeout",
     "StoreUnavailable",
@@ -241,11 +240,6 @@ class UnsupportedMediaType(APIError):
 @_code("TOO_MANY_STREAMS")
 class TooManyStreams(APIError):
     """429: one event stream more than payonce allows (per client or per process)."""
-
-
-@_code("RATE_LIMITED")
-class RateLimited(APIError):
-    """429."""
 
 
 @_code("INTERNAL_ERROR")
