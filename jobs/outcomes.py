@@ -21,12 +21,13 @@ wait; jobs.tasks._follow does the rest):
 | `Continue(countdown)` | a later stage has to wait `countdown` s (its first poll is not due); it is the chain's next link | sends the chain's next link with that countdown (the rest of the chain with it), and drops the chain here |
 | `Done` | the run went through its last stage | drops the rest of the chain (those links would find their steps done) |
 | `Stop(reason)` | nothing more for this chain: the job ended, moved to another run, or someone else carries it | drops the rest of the chain |
-| `Later(countdown)` | run this same stage again after a pause (a poll, a back-off, a lease held elsewhere) | sends this very task again after `countdown`, with the rest of its chain, and drops the chain here |
+| `Later(countdown, kept)` | run this same stage again after a pause (a poll, a back-off, a lease held elsewhere); `kept` says whose the step's lease is meanwhile | sends this very task again after `countdown`, with the rest of its chain, and drops the chain here |
 | `FanOut(stage, keys)` | start these sub-steps in parallel; their join continues the run | sends one `run_substep` per key and drops the chain here |
 | `Resume(kind, index, countdown)` | start the rest of the run from stage `index` (a fan-out joined, or a stage two or more links on has to wait) | calls `start_run` from that stage: a new chain |
 """
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 # --- what a step raises -------------------------------------------------------------------------------------
 
@@ -104,11 +105,20 @@ class Stop:
     again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.tasks.stop_upstream)
 
 
+class Kept(StrEnum):
+    """Whose the step's lease is across a pause: who may take the step back when the pause is over."""
+
+    TASK = "task"  # reserved for this execution's task id: only this very task, sent again, takes it back
+    CHAIN = "chain"  # the chain's polling lease: any link of this chain takes it back
+
+
 @dataclass(frozen=True)
 class Later:
-    """Run this stage again after `countdown` seconds (a poll, a back-off, a lease held elsewhere)."""
+    """Run this stage again after `countdown` seconds (a poll, a back-off, a lease held elsewhere).
+    `kept`: whose the step's lease is across the pause, or None when none is kept."""
 
     countdown: float
+    kept: Kept | None = None
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from jobs.outcomes import (
     JobFailure,
     JobHold,
     JobInputError,
+    Kept,
     Later,
     NotYet,
     Resume,
@@ -123,12 +124,24 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
         outcome = _run_one_stage(ctx, recipe, recipe.stages[index])
         if isinstance(outcome, Continue):
             continue
-        if isinstance(outcome, Later) and index > first:
+        if isinstance(outcome, Later) and index > first and _hand_over(outcome, index - first):
             # A later stage has to wait: hand it over. The chain's next link is that stage, sent with
             # a countdown; a stage further on is resumed with a chain of its own.
             return Continue(outcome.countdown) if index == first + 1 else Resume(ctx.job.kind, index, outcome.countdown)
         return outcome
     return Done()
+
+
+def _hand_over(later: Later, links_on: int) -> bool:
+    """Whether a later stage's pause can go to another task: only when whoever runs the stage next can take
+    the step's lease back. A back-off keeps the lease for this very task id (Kept.TASK): handed to the
+    chain's next link, the retry would find the step held by its own predecessor and wait for the lease to
+    run out (STEP_LEASE_S, not the back-off); so this task is sent again instead, and passes the stages it
+    ran (done) on its way. A chain's polling lease (Kept.CHAIN) goes with the chain's next link, not with a
+    new chain (Resume)."""
+    if later.kept is Kept.TASK:
+        return False
+    return later.kept is None or links_on == 1
 
 
 def _unfinished_before(ctx: StepContext, recipe: Recipe, index: int) -> str | None:
@@ -436,7 +449,7 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
         except NotYet as not_yet:  # the next look is scheduled (executor.policy.next_poll_s)
             # The lease covers the pause: the sweeper tells a live poller from a lost one by it.
             step_renew_lease(row.id, ctx.chain, not_yet.countdown + settings.STEP_LEASE_S)
-            return Later(not_yet.countdown)
+            return Later(not_yet.countdown, kept=Kept.CHAIN)
     return _record_done(ctx, spec, row, ctx.chain, result)
 
 
@@ -459,7 +472,7 @@ def _back_off(ctx: StepContext, row: StepRow, retry: StepRetry, *, owner: str | 
     countdown = retry.countdown if retry.countdown is not None else backoff_s(row.attempts, cap=min(30.0, settings.RETRY_BACKOFF_MAX_S))
     step_hold_for_retry(row.id, owner or ctx.owner, owner or ctx.task_id, countdown + settings.STEP_LEASE_S)
     logger.info("job %s step %s: %s; again in %.1fs", ctx.job.id, row.name, retry.reason, countdown)
-    return Later(countdown)
+    return Later(countdown, kept=Kept.CHAIN if owner else Kept.TASK)
 
 
 # --- fan-out -----------------------------------------------------------------------------------------------
