@@ -33,9 +33,9 @@ from payonce_client.errors import (
 )
 from standardwebhooks.webhooks import Webhook
 
-from executor.models import Attempt
 from jobs.models import Job as JobRow
 from jobs.services import client_create
+from tests.support.books import assert_books_balance
 from tests.support.procs import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -51,18 +51,15 @@ def client(account, url: str | None = None, **options) -> Payonce:
 
 
 def assert_paid_once(client_id: str, ledger, job_id: str, jobs_paid: int = 1) -> None:
-    """payonce holds one job for the client, and the provider charged once for it, for an attempt payonce
-    recorded under the upstream key the provider saw (`jobs_paid`: how many jobs the ledger holds in all,
-    one charge each)."""
+    """payonce holds one job for the client, and the provider charged once for it, for the job's first
+    attempt under its upstream key (`jobs_paid`: how many jobs the ledger holds in all, one charge each);
+    and the books balance: every charge maps to one attempt row (tests/support/books.py)."""
     assert JobRow.objects.filter(client_id=client_id).count() == 1
-    charges = ledger.ledger()["charges"]
+    charges = assert_books_balance(ledger)
     assert len(charges) == jobs_paid, charges
     mine = [charge for charge in charges if charge["metadata"]["payonce_job"] == job_id]
     assert len(mine) == 1, charges
-    attempts = {a.upstream_key: a for a in Attempt.objects.filter(job_id=job_id)}
-    for charge in mine:
-        attempt = attempts[charge["metadata"]["upstream_key"]]
-        assert charge["request_id"] == attempt.upstream_key == f"payonce-{job_id}-1"
+    assert mine[0]["request_id"] == mine[0]["metadata"]["upstream_key"] == f"payonce-{job_id}-1"
 
 
 # --- the retry rule ---------------------------------------------------------------------------------------

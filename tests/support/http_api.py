@@ -115,10 +115,14 @@ def raw_exchange(port: int, head: bytes, body_parts=(), *, pause_s: float = 0.0,
 
 def _complete(received: bytes) -> bool:
     head, sep, body = received.partition(b"\r\n\r\n")
-    if not sep:
-        return False
+    length = content_length(head) if sep else None
+    return length is not None and len(body) >= length
+
+
+def content_length(head: bytes) -> int | None:
+    """The Content-Length an HTTP/1.1 head (request or answer) declares, or None."""
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
-            return len(body) >= int(value.strip())
-    return False
+            return int(value.strip())
+    return None

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Self
 
+from tests.support.http_api import content_length
+
 ANSWER_503 = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
@@ -142,7 +144,7 @@ def _read_request(sock: socket.socket, received: bytes) -> bytes:
             return received
         received += more
     head, _, body = received.partition(b"\r\n\r\n")
-    length = _content_length(head)
+    length = content_length(head) or 0
     while len(body) < length:
         more = sock.recv(65536)
         if not more:
@@ -153,15 +155,7 @@ def _read_request(sock: socket.socket, received: bytes) -> bytes:
 
 def _answer_complete(received: bytes) -> bool:
     head, sep, body = received.partition(b"\r\n\r\n")
-    return bool(sep) and len(body) >= _content_length(head)
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value.strip())
-    return 0
+    return bool(sep) and len(body) >= (content_length(head) or 0)
 
 
 def _close(sock: socket.socket) -> None:
