@@ -30,6 +30,8 @@ def report_fields_are_optional(result, generator, request, public):
 # The event stream is an async Django view (DRF views cannot stream without a thread each), so
 # drf-spectacular does not see it: it is described here, with its headers, so that clients and the API
 # fuzzing know it as they know the others.
+_RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "integer", "minimum": 0},
+                                "description": "Seconds to wait before sending the same request again."}}
 _ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
 _STATUS = {"type": "string", "enum": ["queued", "running", "waiting", "succeeded", "failed", "cancelled"]}
 # What a frame's data holds: the snapshot (jobs.selectors.job_snapshot), or, for `event: end`, the status.
@@ -85,8 +87,7 @@ EVENTS_OPERATION = {
         "404": {"description": "", "content": _ERROR_REF},
         "429": {"description": "TOO_MANY_STREAMS: the client (or this web process) has as many streams open as "
                                "it may.", "content": _ERROR_REF,
-                "headers": {"Retry-After": {"required": True, "schema": {"type": "integer"},
-                                            "description": "Seconds to wait before trying again."}}},
+                "headers": _RETRY_AFTER},
     },
 }
 
@@ -136,8 +137,6 @@ def event_stream_path(result, generator, request, public):
     return result
 
 
-_RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "integer", "minimum": 0},
-                                "description": "Seconds to wait before sending the same request again."}}
 _LOCATION = {"Location": {"required": True, "schema": {"type": "string"}, "description": "Where the answer is."}}
 DATABASE_UNAVAILABLE = {
     "description": "DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request "

@@ -1184,7 +1184,7 @@ export interface operations {
             /** @description TOO_MANY_STREAMS: the client (or this web process) has as many streams open as it may. */
             429: {
                 headers: {
-                    /** @description Seconds to wait before trying again. */
+                    /** @description Seconds to wait before sending the same request again. */
                     "Retry-After": number;
                     [name: string]: unknown;
                 };
