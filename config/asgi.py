@@ -9,7 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import django
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -26,15 +26,26 @@ class PooledThreadsASGIHandler(ASGIHandler):
     executors for its whole life, so all of its sync code still runs on one thread (what thread_sensitive
     promises: a connection is never used from two threads), and that many requests of one process can wait
     on I/O at once. Requests that share a thread run their sync calls one after the other, each with its
-    own connection (Django keeps connections per request context, not per thread)."""
+    own connection (Django keeps connections per request context, not per thread).
+
+    The middleware chain and the view run sync, in one hop to that thread. Django's async chain would
+    run each MiddlewareMixin middleware's process_request and process_response through sync_to_async of
+    its own: fourteen hops between the event loop and the thread for the seven of settings.MIDDLEWARE, a
+    fifth of a POST's CPU (bench/README.md, issue 26). An async view (the event stream) is still called
+    as one: Django runs it on the event loop from the sync chain (async_to_sync), and its body streams from
+    the loop after the chain has returned."""
 
     def __init__(self, threads: int):
         super().__init__()
+        self.load_middleware(is_async=False)
         self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"web-sync-{i}")
                            for i in range(threads)]
         self._in_flight = [0] * threads  # touched only on the event loop's thread: no lock
         for executor in self._executors:  # start the threads now, not at a request
             executor.submit(int).result()
+
+    async def get_response_async(self, request):
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
 
     async def __call__(self, scope, receive, send):
         index = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)

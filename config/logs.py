@@ -99,8 +99,9 @@ def log_event(logger: logging.Logger, event: str, **fields) -> None:
     extra = {**_CONTEXT.get(), **{name: value for name, value in fields.items() if value is not None}}
     # The record is made here, so it names the caller's line and the moment of the change, and handled
     # (filtered, formatted, written) on commit.
-    path, line, function, _ = logger.findCaller(False, 2)
-    record = logger.makeRecord(logger.name, logging.INFO, path, line, event, (), None, function, extra)
+    caller = sys._getframe(1)  # what logging's findCaller(stacklevel=2) finds, without walking the stack
+    record = logger.makeRecord(logger.name, logging.INFO, caller.f_code.co_filename, caller.f_lineno, event, (),
+                               None, caller.f_code.co_name, extra)
     transaction.on_commit(lambda: logger.handle(record))
 
 
@@ -197,11 +198,27 @@ def secrets_from_environ(environ) -> set[str]:
 
 
 class Redactor:
+    # Short texts already redacted, and what they became: the same job id, step, model and event name come
+    # back in every line of a job. A pure function of the text, so a remembered answer is the answer.
+    _REMEMBERED_LENGTH, _REMEMBERED_COUNT = 200, 4096
+
     def __init__(self, secrets=()):
         literal = sorted(set(secrets), key=len, reverse=True)  # the longest first: one may contain another
         self._literal = re.compile("|".join(map(re.escape, literal))) if literal else None
+        self._remembered: dict[str, str] = {}
 
     def text(self, value: str) -> str:
+        remembered = self._remembered.get(value)
+        if remembered is not None:
+            return remembered
+        redacted = self._redact(value)
+        if len(value) <= self._REMEMBERED_LENGTH:
+            if len(self._remembered) >= self._REMEMBERED_COUNT:
+                self._remembered.clear()  # threads may race here: the worst is a text redacted again
+            self._remembered[value] = redacted
+        return redacted
+
+    def _redact(self, value: str) -> str:
         if self._literal is not None:
             value = self._literal.sub(REDACTED, value)
         lowered = value.lower()
@@ -300,8 +317,17 @@ def _json_value(value):
     return f"<{type(value).__name__}>"
 
 
+_second: tuple = (None, "")  # the last whole second formatted, and its text (one tuple: read whole)
+
+
 def _iso(created: float) -> str:
-    return datetime.fromtimestamp(created, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """`2026-12-03T10:57:14.774Z`; the seconds part is formatted once per second, not once per line."""
+    global _second
+    second, milliseconds = divmod(int(created * 1000), 1000)
+    last = _second
+    if last[0] != second:
+        last = _second = (second, datetime.fromtimestamp(second, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{last[1]}.{milliseconds:03d}Z"
 
 
 class JsonFormatter(logging.Formatter):

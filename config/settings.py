@@ -52,8 +52,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Every middleware here can run async: under ASGI a sync-only one would make each request hop between
-    # the event loop and a thread at both of its edges (measured: a third of a request's CPU).
+    # The web process runs this chain sync, in one hop to a thread per request (config.asgi): a middleware
+    # need not be async-capable, and the event stream's async view is still served as one.
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -112,8 +112,11 @@ if env_bool("DB_POOL", True):
 else:
     _database["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
 # Server-side binding: parameters travel apart from the SQL, and psycopg prepares a statement the fifth
-# time a connection runs it, so PostgreSQL plans each hot statement once per connection, not per call.
-if env_bool("DB_SERVER_SIDE_BINDING", False):
+# time a connection runs it, so PostgreSQL plans each hot statement once per connection, not per call, and
+# no parameter is quoted into the SQL in Python (a quarter of a media job's CPU in web and worker together,
+# bench/README.md, issue 26). Off behind a PgBouncer in transaction mode, where a prepared statement may
+# be missing on the next transaction's server connection.
+if env_bool("DB_SERVER_SIDE_BINDING", True):
     _database["OPTIONS"]["server_side_binding"] = True
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -370,6 +373,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
     else {}
 )
+# kombu's Redis transport with one redis-py client per channel rather than one per publish and ack
+# (config.broker: a quarter of web's CPU per POST went to building them).
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
 # A POST must not hang on a broker that is down: the job row is durable and the sweeper starts it.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "max_retries": 2,

@@ -121,9 +121,14 @@ def test_a_value_that_fails_at_step_time_ends_the_job_internal_input_error_and_i
     assert Delivery.objects.filter(job=job).count() == 1
 
 
-def _error_of(sql: str, params=()):
+def _error_of(setup: str, sql: str, params=()):
+    """The error `sql` raises after `setup`, in one transaction. Two statements, not one string: with
+    server-side binding (the default) a statement with parameters is prepared, and PostgreSQL prepares one
+    command at a time."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            if setup:
+                cursor.execute(setup)
             cursor.execute(sql, params)
     except Exception as exc:  # noqa: BLE001 - the error is what the test looks at
         return exc
@@ -131,10 +136,10 @@ def _error_of(sql: str, params=()):
 
 
 def test_only_database_errors_that_will_recur_end_a_job(db):
-    too_long = _error_of("CREATE TEMP TABLE t_long (s varchar(3)); INSERT INTO t_long VALUES (%s)", ["x" * 10])
-    check = _error_of("CREATE TEMP TABLE t_check (n int CHECK (n > 0)); INSERT INTO t_check VALUES (-1)")
-    unique = _error_of("CREATE TEMP TABLE t_unique (n int UNIQUE); INSERT INTO t_unique VALUES (1), (1)")
-    cancelled = _error_of("SET LOCAL statement_timeout = 10; SELECT pg_sleep(1)")
+    too_long = _error_of("CREATE TEMP TABLE t_long (s varchar(3))", "INSERT INTO t_long VALUES (%s)", ["x" * 10])
+    check = _error_of("CREATE TEMP TABLE t_check (n int CHECK (n > 0))", "INSERT INTO t_check VALUES (-1)")
+    unique = _error_of("CREATE TEMP TABLE t_unique (n int UNIQUE)", "INSERT INTO t_unique VALUES (1), (1)")
+    cancelled = _error_of("SET LOCAL statement_timeout = 10", "SELECT pg_sleep(1)")
 
     assert isinstance(too_long, DataError) and db_error_recurs(too_long)
     assert isinstance(check, IntegrityError) and db_error_recurs(check)
