@@ -5,7 +5,9 @@
 the Procfile starts them, with the sandbox provider as its own process (calling back to `web`).
 Printed: the peak number of jobs in flight together (from the sandbox's record of each accepted submit
 and each job's completion time), how long after the last POST the last job ended, the worker's average
-CPU while every job waits (from /proc, between the last POST and the first render's end), provider
+CPU while every job waits (from /proc, between the last POST and the first render's end; with more jobs
+than one render's time can start, as 10,000 on a 2-core machine, there is no such window and it says so,
+giving the worker's average CPU from the first submit to the last end instead), provider
 polls and Celery messages per job, and whether the books balance (one charge per job, each tied to one
 attempt row by its upstream key, each settled at the quoted cost).
 Targets: every job succeeds within 90 s of the last POST; the worker under half a core while they wait.
@@ -17,7 +19,6 @@ import os
 import sys
 import threading
 import time
-from bisect import bisect_right
 from collections import Counter
 from datetime import datetime
 from decimal import Decimal
@@ -56,55 +57,16 @@ class CpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            self.samples.append((time.time(), cpu_s(self.pid)))
+            try:
+                self.samples.append((time.time(), cpu_s(self.pid)))
+            except FileNotFoundError:  # the worker is gone: the run's counts will say what that cost
+                return
             self.stopping.wait(self.every)
 
     def stop(self) -> list[tuple[float, float]]:
         self.stopping.set()
         self.join()
         return self.samples
-
-
-def waiting_cost(samples, submits, ends, bucket_s: float = 2.0) -> tuple[float, float, float, int]:
-    """Split the worker's CPU into what starting jobs, ending jobs and holding the rest cost.
-
-    Over time buckets of `bucket_s`, a least-squares fit of the worker's cores to
-    cores = a * submits/s + b * ends/s + c, where c is what the worker burns with no job starting or ending
-    while the rest wait. With more jobs than the POSTs can start within one render, there is no moment in
-    which every job only waits (the first renders end while the last jobs are still being POSTed), so this
-    is how "the worker's CPU while they wait" is read off a run. Returns (a, b, c) in CPU s per submit,
-    CPU s per end and cores, and the number of buckets fitted (those between the first submit and the last
-    end)."""
-    first, last = min(submits), max(ends)
-    rows = []
-    for (t0, cpu0), (t1, cpu1) in zip(samples, samples[1:]):
-        if t0 < first or t1 > last:
-            continue
-        rows.append((t0, t1, cpu1 - cpu0))
-    buckets = []
-    for i in range(0, len(rows) - int(bucket_s) + 1, int(bucket_s)):
-        group = rows[i:i + int(bucket_s)]
-        t0, t1 = group[0][0], group[-1][1]
-        span = t1 - t0
-        buckets.append(((bisect_right(submits, t1) - bisect_right(submits, t0)) / span,
-                        (bisect_right(ends, t1) - bisect_right(ends, t0)) / span,
-                        sum(cpu for _, _, cpu in group) / span))
-    # Normal equations of the three-parameter fit, solved by Cramer's rule.
-    x = [(s, e, 1.0) for s, e, _ in buckets]
-    y = [cores for _, _, cores in buckets]
-    m = [[sum(row[i] * row[j] for row in x) for j in range(3)] for i in range(3)]
-    v = [sum(row[i] * target for row, target in zip(x, y)) for i in range(3)]
-
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    whole = det(m)
-    solved = []
-    for k in range(3):
-        replaced = [[v[i] if j == k else m[i][j] for j in range(3)] for i in range(3)]
-        solved.append(det(replaced) / whole)
-    return solved[0], solved[1], solved[2], len(buckets)
 
 
 def main() -> None:
@@ -142,11 +104,12 @@ def main() -> None:
         quiet = first_end - 1 > waiting_from + 1
         time.sleep(max(first_end - 1 - time.time(), 0))
         cpu_to, waiting_to = cpu_s(pid), time.time()
-        deadline = posted + args.render_s + 120
+        # Long enough to see when the last job ends even when that misses the target by far.
+        deadline = posted + args.render_s + max(120.0, args.jobs * 0.06)
         while jobs.filter(status__in=["queued", "running", "waiting"]).exists() and time.time() < deadline:
             time.sleep(0.5)
         time.sleep(3)  # late duplicates of a poll would show in the counts below
-        ended = max(jobs.values_list("completed_at", flat=True)).timestamp()
+        ended = max(when for when in jobs.values_list("completed_at", flat=True) if when).timestamp()
         statuses = Counter(jobs.values_list("status", flat=True))
         messages = received(stack) - messages
         calls = requests.get(f"{stack.env['SANDBOX_URL']}/control/calls", timeout=30).json()["calls"]
@@ -172,10 +135,9 @@ def main() -> None:
         for c in charges for key in [(c.get("metadata") or {}).get("upstream_key")]))
     jobs.delete()
 
-    per_submit, per_end, idle_cores, buckets = waiting_cost(samples, sorted(submitted.values()),
-                                                            sorted(done[j] for j in submitted if j in done))
     window = waiting_to - waiting_from
-    waited = (cpu_to - cpu_from) / window if quiet else idle_cores
+    waited = (cpu_to - cpu_from) / window if quiet else None
+    busy = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
     print(f"one worker as the Procfile starts it; {args.jobs} jobs, render_s {args.render_s:g}")
     print(f"POSTs took {posted - started:.1f} s; jobs ended {dict(statuses)}")
     print(f"peak in flight: {peak} of {args.jobs} (target: all)")
@@ -183,11 +145,9 @@ def main() -> None:
     if quiet:
         print(f"worker CPU while all waited: {waited:.3f} cores over {window:.1f} s (target < 0.5)")
     else:
-        print(f"the POSTs outlasted one render, so no moment had every job only waiting: fitted over "
-              f"{buckets} buckets of 2 s, the worker spent {per_submit * 1000:.1f} ms per job started, "
-              f"{per_end * 1000:.1f} ms per job ended, and {waited:.3f} cores on holding the rest (target < 0.5)")
-    print(f"worker CPU over the whole run, first submit to last end: "
-          f"{(samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]):.3f} cores on average")
+        print("worker CPU while all waited: not measurable in this run: the POSTs and their submits outlasted one "
+              "render, so jobs were starting and ending at every moment")
+    print(f"worker CPU from the first submit to the last end: {busy:.3f} cores on average")
     print(f"per job: {polls / args.jobs:.2f} provider polls, {messages / args.jobs:.2f} Celery messages received "
           f"by the worker, {len(callbacks) / args.jobs:.2f} callbacks sent")
     print(f"books: {len(charges)} charges for {args.jobs} jobs, each tied to one succeeded attempt at its "
@@ -195,9 +155,10 @@ def main() -> None:
     record("peak jobs in flight together", peak, "jobs", target=f"all ({args.jobs})", met=peak == args.jobs)
     record("last job ended, after the last POST", ended - posted, "s", baseline=args.render_s,
            baseline_is="the render's own length (--render-s, set)", ratio=(ended - posted) / args.render_s,
-           target="< 90 s", met=ended - posted < 90)
-    record("worker CPU while every job waited" + ("" if quiet else " (fitted: no job starting or ending)"), waited,
-           "cores", target="< 0.5", met=waited < 0.5)
+           target="< 90 s, every job succeeded", met=ended - posted < 90 and statuses["succeeded"] == args.jobs)
+    if quiet:
+        record("worker CPU while every job waited", waited, "cores", target="< 0.5", met=waited < 0.5)
+    record("worker CPU, first submit to last end", busy, "cores")
     record("provider polls per job", polls / args.jobs, "polls")
     record("Celery messages received per job", messages / args.jobs, "messages")
     record("books: charges, each tied to one succeeded attempt at its quoted cost", len(charges), "charges",
