@@ -155,25 +155,26 @@ class Preview:
 
 
 def preview_jobs(*, action: str, jobs: QuerySet, target: str) -> Preview:
-    matched = jobs.count()
     if action == OperatorActionKind.CANCEL:
-        acting = jobs.filter(status__in=OPEN_STATUSES)
-        return _preview(action, target, matched, acting)
+        return _preview(action, target, jobs, OPEN_STATUSES)
     if action in (OperatorActionKind.RETRY, OperatorActionKind.RERUN):
-        acting = jobs.filter(status__in=RETRYABLE)
-        preview = _preview(action, target, matched, acting)
-        preview.worst_case_usd = retry_worst_cases(acting)
+        preview = _preview(action, target, jobs, RETRYABLE)
+        preview.worst_case_usd = retry_worst_cases(jobs.filter(status__in=RETRYABLE))
         return preview
     if action == OperatorActionKind.REPLAY:
-
-        preview = _preview(action, target, matched, jobs)
+        preview = _preview(action, target, jobs, None)
         preview.deliveries = deliveries_of_jobs(jobs).count()
         return preview
     raise OperationRefused(f"unknown action {action!r}")
 
 
-def _preview(action, target, matched, acting: QuerySet) -> Preview:
-    count = acting.count()
+def _preview(action, target, jobs: QuerySet, statuses) -> Preview:
+    """How many jobs match and how many of them the action acts on (those in `statuses`; all when None),
+    counted in one pass over the match."""
+    counts = jobs.order_by().aggregate(
+        matched=Count("id"), acting=Count("id", filter=Q(status__in=statuses)) if statuses else Count("id"))
+    matched, count = counts["matched"], counts["acting"]
+    acting = jobs.filter(status__in=statuses) if statuses else jobs
     sample = [str(ident) for ident in acting.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]]
     return Preview(action=str(action), target=target, matched=matched, acting=count, skipped=matched - count,
                    sample=sample)
@@ -195,14 +196,22 @@ def retry_worst_cases(jobs: QuerySet) -> Decimal:
              .annotate(jobs=Count("id")))
     for group in media:
         total += _media_worst_case(group["model_chain"], group["policy__attempts_per_model"]) * group["jobs"]
-    report_jobs = jobs.filter(kind=JobKind.REPORT).order_by().only("id", "model_chain", "input")
+    # A report's input is read only for one that failed before its report row was written (rare): the
+    # subject and chapters are the report row's.
+    report_jobs = jobs.filter(kind=JobKind.REPORT).order_by().only("id", "model_chain")
     chunk: list[Job] = []
     for job in [*report_jobs.iterator(chunk_size=CHUNK), None]:
         if job is not None:
             chunk.append(job)
         if chunk and (job is None or len(chunk) == CHUNK):
             ids = [each.id for each in chunk]
-            rows = {row.job_id: row for row in Report.objects.filter(job_id__in=ids)}
+            rows = {row.job_id: row for row in Report.objects.filter(job_id__in=ids).only(
+                "job_id", "subject", "chapter_keys", "synthesis")}
+            inputs = dict(Job.objects.filter(id__in=[each.id for each in chunk if each.id not in rows])
+                          .values_list("id", "input")) if len(rows) < len(chunk) else {}
+            for each in chunk:
+                if each.id in inputs:
+                    each.input = inputs[each.id]
             left = dict(ReportChapter.objects.filter(report_id__in=ids).exclude(status=ChapterStatus.DONE)
                         .order_by().values("report_id").annotate(n=Count("id")).values_list("report_id", "n"))
             total += sum((_report_worst_case(each, rows.get(each.id), left.get(each.id, 0)) for each in chunk),
