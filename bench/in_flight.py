@@ -100,7 +100,7 @@ def main() -> None:
         calls = requests.get(f"{stack.env['SANDBOX_URL']}/control/calls", timeout=30).json()["calls"]
         first_end = min(at(c["at"]) for c in calls if c["kind"] == "submit") + args.render_s
         # A window in which every job only waits exists when the POSTs and their submits took less than one
-        # render; otherwise the fit below reads the waiting cost off the whole run.
+        # render; otherwise no such window exists, and the run says so (below).
         quiet = first_end - 1 > waiting_from + 1
         time.sleep(max(first_end - 1 - time.time(), 0))
         cpu_to, waiting_to = cpu_s(pid), time.time()

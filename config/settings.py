@@ -321,9 +321,10 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.loc
 # The broker is a doorbell: messages carry ids, Postgres holds the truth (docs/design.md, "Recovery: the sweeper").
 
 CELERY_BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
+_REDIS_BROKER = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
 # A provider callback is acted on once per message id, across web processes: the ids seen are kept in
 # this cache (the broker's Redis unless CACHE_URL names another; in-process memory with a non-Redis broker).
-CACHE_URL = env_str("CACHE_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+CACHE_URL = env_str("CACHE_URL", CELERY_BROKER_URL if _REDIS_BROKER else "")
 CACHES = {"default": (
     {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL, "KEY_PREFIX": "payonce"}
     if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"})}
@@ -333,7 +334,7 @@ CACHES = {"default": (
 # no URL set), those counters are not kept and /metrics does not export them.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_REDIS_URL = env_str("METRICS_REDIS_URL",
-                            CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+                            CELERY_BROKER_URL if _REDIS_BROKER else "")
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True
 # Step and job rows hold every outcome; storing each task's return value would add a commit per message.
@@ -370,12 +371,12 @@ CELERY_TASK_TIME_LIMIT = env_int("TASK_TIME_LIMIT_S", 330, minimum=2)
 BROKER_VISIBILITY_TIMEOUT_S = env_int("BROKER_VISIBILITY_TIMEOUT_S", 3600, minimum=CELERY_TASK_TIME_LIMIT + 60)
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S, "socket_connect_timeout": 5, "socket_timeout": 10}
-    if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+    if _REDIS_BROKER
     else {}
 )
 # kombu's Redis transport with one redis-py client per channel rather than one per publish and ack
 # (config.broker: a quarter of web's CPU per POST went to building them).
-if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+if _REDIS_BROKER:
     CELERY_BROKER_TRANSPORT = "config.broker:Transport"
 # A POST must not hang on a broker that is down: the job row is durable and the sweeper starts it.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
