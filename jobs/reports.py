@@ -68,7 +68,9 @@ def done_chapter(report: Report, key: str) -> ReportChapter | None:
 
 
 def _subject_text(report: Report) -> str:
-    return json.dumps(report.subject or {}, sort_keys=True, ensure_ascii=False, indent=1)
+    # Compact: every byte of it is paid for as input tokens, in each call of the report, and json's
+    # indented form runs in pure Python (a bulk retry's preview prices thousands of these).
+    return json.dumps(report.subject or {}, sort_keys=True, ensure_ascii=False)
 
 
 def synthesis_messages(report: Report) -> list[dict]:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from types import SimpleNamespace
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Case, Count, F, JSONField, OuterRef, Q, QuerySet, Subquery, When
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing import months, rates
@@ -190,47 +193,38 @@ def retry_worst_case(job: Job) -> Decimal:
 def retry_worst_cases(jobs: QuerySet) -> Decimal:
     """retry_worst_case summed over `jobs`, in a few statements whatever their number (a bulk retry's
     preview over thousands of failed jobs answers at once: bench/admin.py). Media jobs are grouped by
-    chain and policy; reports are read a CHUNK at a time, with their chapters left counted in one query."""
+    chain and policy; reports are read in one statement with their chapters left counted beside each (the
+    match is a subquery, never a list of ids sent back)."""
     total = Decimal("0.000000")
     media = (jobs.filter(kind=JobKind.MEDIA).order_by().values("model_chain", "policy__attempts_per_model")
              .annotate(jobs=Count("id")))
     for group in media:
         total += _media_worst_case(group["model_chain"], group["policy__attempts_per_model"]) * group["jobs"]
-    # A report's input is read only for one that failed before its report row was written (rare): the
-    # subject and chapters are the report row's.
-    report_jobs = jobs.filter(kind=JobKind.REPORT).order_by().only("id", "model_chain")
-    chunk: list[Job] = []
-    for job in [*report_jobs.iterator(chunk_size=CHUNK), None]:
-        if job is not None:
-            chunk.append(job)
-        if chunk and (job is None or len(chunk) == CHUNK):
-            ids = [each.id for each in chunk]
-            rows = {row.job_id: row for row in Report.objects.filter(job_id__in=ids).only(
-                "job_id", "subject", "chapter_keys", "synthesis")}
-            inputs = dict(Job.objects.filter(id__in=[each.id for each in chunk if each.id not in rows])
-                          .values_list("id", "input")) if len(rows) < len(chunk) else {}
-            for each in chunk:
-                if each.id in inputs:
-                    each.input = inputs[each.id]
-            left = dict(ReportChapter.objects.filter(report_id__in=ids).exclude(status=ChapterStatus.DONE)
-                        .order_by().values("report_id").annotate(n=Count("id")).values_list("report_id", "n"))
-            total += sum((_report_worst_case(each, rows.get(each.id), left.get(each.id, 0)) for each in chunk),
-                         Decimal("0.000000"))
-            chunk = []
+    # One pass over the matched reports, each with its report row and its chapters left. A report that
+    # failed before its first step wrote the report row (rare) has everything still to write, from the
+    # job's input (read for those rows only).
+    left = (ReportChapter.objects.filter(report_id=OuterRef("id")).exclude(status=ChapterStatus.DONE)
+            .order_by().values("report_id").annotate(n=Count("id")).values("n"))
+    rows = (jobs.filter(kind=JobKind.REPORT).order_by()
+            .annotate(left=Coalesce(Subquery(left), 0), first_model=KeyTextTransform("0", "model_chain"),
+                      orphan_input=Case(When(report__isnull=True, then=F("input")), output_field=JSONField()))
+            .values_list("report__job_id", "report__subject", "report__chapter_keys", "report__synthesis", "left",
+                         "first_model", "orphan_input"))
+    for has_row, subject, chapter_keys, synthesis, chapters_left, model, orphan_input in rows.iterator(
+            chunk_size=4 * CHUNK):
+        if has_row is None:
+            orphan_input = orphan_input or {}
+            subject, chapter_keys = orphan_input.get("subject"), list(orphan_input.get("chapters", []))
+            chapters_left = len(chapter_keys)
+        # Only what the prompts are made of: a model instance per row would cost more than its pricing.
+        report = SimpleNamespace(subject=subject, chapter_keys=chapter_keys, synthesis=synthesis)
+        total += reports.run_worst_case(report, model, chapters_left=chapters_left)
     return total
 
 
 def _media_worst_case(chain: list[str], attempts_per_model) -> Decimal:
     tries = attempts_per_model if attempts_per_model is not None else DEFAULT_ATTEMPTS_PER_MODEL
     return sum((rates.worst_case(model) * tries for model in chain), Decimal("0.000000"))
-
-
-def _report_worst_case(job: Job, report: Report | None, chapters_left: int) -> Decimal:
-    if report is None:  # it failed before its first step wrote the report: everything is still to write
-        report = Report(job=job, subject=(job.input or {}).get("subject"),
-                        chapter_keys=list((job.input or {}).get("chapters", [])))
-        chapters_left = len(report.chapter_keys)
-    return reports.run_worst_case(report, job.model_chain[0], chapters_left=chapters_left)
 
 
 # --- acting ---------------------------------------------------------------------------------------------
