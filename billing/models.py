@@ -19,8 +19,9 @@ class PriceUnit(models.TextChoices):
 
 
 class ModelPrice(models.Model):
-    """An override of the rate card in code (billing.rates), edited in the admin: one row per
-    `provider/model`. Token prices are dollars per million tokens; media is priced per unit."""
+    """An override of the rate card in code (billing.rates), edited in the admin beside the model's own
+    configuration (its Models page): one row per `provider/model`. Token prices are dollars per million
+    tokens; media is priced per unit, or per unit by its parameters (`variants`)."""
 
     model = models.CharField(max_length=200, unique=True, help_text="provider/model, e.g. openai/gpt-4.1-mini")
     free = models.BooleanField(default=False, help_text="A model that costs nothing (a local server): priced 0.")
@@ -30,6 +31,9 @@ class ModelPrice(models.Model):
     cache_read_per_mtok_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     per_unit_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     unit = models.CharField(max_length=16, choices=PriceUnit.choices, blank=True, default="")
+    # A unit price that depends on the job's parameters (an image's size and quality): {"by": [names],
+    # "prices": {"value,value": "0.25"}, "defaults": {name: value}} (billing.rates.variant_price).
+    variants = models.JSONField(null=True, blank=True)
     note = models.CharField(max_length=300, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 

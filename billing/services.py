@@ -29,8 +29,10 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from billing import rates
 from billing.models import (
     BUDGET_MONTH_CONSTRAINT,
+    ModelPrice,
     Reservation,
     ReservationKind,
     ReservationState,
@@ -239,3 +241,14 @@ def fanout_release_for_job(*, job_id) -> int:
     """The job ended before its fan-out joined (a cancel): every pool of it still held goes back."""
     keys = Reservation.objects.filter(job_id=job_id, kind=FANOUT, state=HELD).values_list("key", flat=True)
     return sum(release(key=key) for key in list(keys))
+
+
+def model_price_set(*, model: str, price: dict | None) -> None:
+    """The rate card's override for `model` (the admin's Models page): `price` as ModelPrice's fields, or
+    None to drop the override (the models file's price, else the code's, applies again). Every process
+    reads it within rates.OVERRIDES_CACHE_S; this one at once."""
+    if price is None:
+        ModelPrice.objects.filter(model=model).delete()
+    else:
+        ModelPrice.objects.update_or_create(model=model, defaults=price)
+    rates.forget_overrides()

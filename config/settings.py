@@ -243,6 +243,14 @@ OPENAI_API_KEY = env_str("OPENAI_API_KEY", "")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
 REPLICATE_API_TOKEN = env_str("REPLICATE_API_TOKEN", "")
 REPLICATE_BASE_URL = env_str("REPLICATE_BASE_URL", "https://api.replicate.com").rstrip("/")
+FAL_KEY = env_str("FAL_KEY", "")
+FAL_BASE_URL = env_str("FAL_BASE_URL", "https://queue.fal.run").rstrip("/")
+
+# The models payonce knows (executor.registry, docs/providers.md): the code's, then those of this JSON file
+# (added or overridden, with their prices), then the admin's Models page. Every process reads the file and
+# the admin's rows again within MODELS_CACHE_S of a change: no release, no restart.
+MODELS_FILE = env_str("MODELS_FILE", "")
+MODELS_CACHE_S = env_float("MODELS_CACHE_S", 10.0, minimum=0.0)
 
 # Waiting (docs/design.md, "Waiting"). Polls back off from POLL_INTERVAL_S to POLL_MAX_INTERVAL_S (the first at
 # the provider's expected duration where it says one). Providers that call back are asked to, at
@@ -258,6 +266,8 @@ PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_U
 # Unset: the sandbox's own development default (executor.callbacks reads it from the sandbox), so the two agree.
 SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "")
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
+# fal signs its webhooks with ED25519 keys it publishes as a JWKS; they are read from here (cached).
+FAL_WEBHOOK_JWKS_URL = env_str("FAL_WEBHOOK_JWKS_URL", "https://rest.alpha.fal.ai/.well-known/jwks.json")
 
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
 PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")

@@ -11,3 +11,19 @@ class ExecutorConfig(AppConfig):
         from executor.providers.real import check_real_providers  # ready(): settings and apps are loaded
 
         check_real_providers()
+        # A models file that cannot be read, or an entry in it that is wrong, refuses to start too, each
+        # problem named (executor.registry; the admin's form refuses a wrong row where it is written).
+        from django.core.exceptions import ImproperlyConfigured
+
+        from billing import rates
+        from executor.registry import check_models_file
+
+        problems = check_models_file()
+        if not problems:
+            rates.forget_overrides()
+            try:
+                rates.file_prices_check()
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ImproperlyConfigured("; ".join(problems))

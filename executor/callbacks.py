@@ -1,11 +1,11 @@
 """Provider callbacks: a doorbell for the waiting step (docs/design.md, "Callbacks are a doorbell").
 
-A provider that calls back on completion (the sandbox's `callback_url`, Replicate's webhooks) is asked to
-POST to /v1/callbacks/<provider>. A callback changes no record: it is verified (Standard Webhooks, with
-the provider's secret: a forged body or an old timestamp is refused), then it wakes the job's waiting step
-at once, which still reads the provider's answer itself (a poll), exactly as a scheduled poll would. So a
-callback that lies, comes twice or never comes can cost a poll, never a state: polling stays the
-fallback on its back-off schedule.
+A provider that calls back on completion (the sandbox's `callback_url`, Replicate's and fal's webhooks) is
+asked to POST to /v1/callbacks/<provider>. A callback changes no record: it is verified (Standard Webhooks
+with the provider's secret, or fal's ED25519 signature: a forged body or an old timestamp is refused), then
+it wakes the job's waiting step at once, which still reads the provider's answer itself (a poll), exactly
+as a scheduled poll would. So a callback that lies, comes twice or never comes can cost a poll, never a
+state: polling stays the fallback on its back-off schedule.
 
 Idempotent: a message id is acted on once (the cache below, across web processes); its repeats are
 answered 200 and change nothing. A message that arrives before the job could be woken (the worker that
@@ -28,6 +28,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from config.metrics import count
 from executor.models import AttemptState
+from executor.providers import fal_webhooks
+from executor.providers.base import ProviderError
 from executor.selectors import attempt_by_upstream_id
 from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_DEFAULT_SECRET
 
@@ -50,10 +52,19 @@ def secret_of(provider: str) -> str:
     return getattr(settings, _SECRETS[provider], "") if provider in _SECRETS else ""
 
 
+def takes_callbacks(provider: str) -> bool:
+    """Whether a callback from `provider` can be verified here. fal signs with keys it publishes (no shared
+    secret), so it is asked to call back only while it is the real provider: its recorded answers come
+    from no fal that could sign."""
+    if provider == "fal":
+        return bool(settings.REAL_PROVIDERS and settings.FAL_WEBHOOK_JWKS_URL)
+    return bool(secret_of(provider))
+
+
 def callback_url(provider: str) -> str | None:
-    """Where `provider` should call back, or None (callbacks off, or no secret to verify them with)."""
+    """Where `provider` should call back, or None (callbacks off, or nothing to verify them with)."""
     base = settings.PROVIDER_CALLBACK_BASE_URL
-    if not base or base.lower() == "off" or not secret_of(provider):
+    if not base or base.lower() == "off" or not takes_callbacks(provider):
         return None
     return f"{base}/v1/callbacks/{provider}"
 
@@ -74,10 +85,12 @@ class Refused(Exception):
 def verify(provider: str, body: bytes, headers) -> tuple[str, str]:
     """(message id, generation id) of a callback whose signature and timestamp hold; Refused otherwise.
     The refusal never says which check failed."""
-    secret = secret_of(provider)
-    if not secret:
+    if not takes_callbacks(provider):
         count("callbacks", outcome="not_configured")
         raise Refused(404, "CALLBACK_NOT_CONFIGURED", f"No callbacks are taken from {provider!r}.")
+    if provider == "fal":
+        return _verify_fal(body, headers)
+    secret = secret_of(provider)
     wanted = {name: headers.get(name, "") for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
     try:
         payload = Webhook(secret).verify(body, wanted)
@@ -89,6 +102,30 @@ def verify(provider: str, body: bytes, headers) -> tuple[str, str]:
         count("callbacks", outcome="invalid")
         raise Refused(422, "INVALID_REQUEST", "The callback names no generation id.")
     return wanted["webhook-id"], generation
+
+
+def _verify_fal(body: bytes, headers) -> tuple[str, str]:
+    """fal's ED25519 signature (executor.providers.fal_webhooks), by a key of its JWKS: a signature no kept
+    key verifies is tried once more against the keys fetched again (fal may have published a new one;
+    the fetch is rate-limited there, so forged callbacks cannot make us fetch in a loop)."""
+    try:
+        try:
+            payload = fal_webhooks.verify_webhook(body, headers, jwks=fal_webhooks.jwks())
+        except ValueError:
+            payload = fal_webhooks.verify_webhook(body, headers, jwks=fal_webhooks.jwks(refresh=True))
+    except ProviderError:
+        count("callbacks", outcome="keys_unavailable")
+        raise Refused(503, "CALLBACK_UNVERIFIED", "The callback cannot be verified now.") from None
+    except ValueError:
+        count("callbacks", outcome="bad_signature")
+        raise Refused(400, "CALLBACK_UNVERIFIED", "The callback's signature or timestamp does not verify.") from None
+    generation = payload.get("request_id")
+    if not isinstance(generation, str) or not generation or len(generation) > 200:
+        count("callbacks", outcome="invalid")
+        raise Refused(422, "INVALID_REQUEST", "The callback names no generation id.")
+    # fal sends a webhook again, signed anew, until it is answered 2xx: the request and its timestamp.
+    timestamp = {str(name).lower(): value for name, value in headers.items()}.get("x-fal-webhook-timestamp", "")
+    return f"fal:{generation}:{timestamp}", generation
 
 
 class Wake(enum.Enum):

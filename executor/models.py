@@ -103,3 +103,37 @@ class Attempt(models.Model):
     @property
     def model_name(self) -> str:
         return f"{self.provider}/{self.model}"
+
+
+class ModelKind(models.TextChoices):
+    VIDEO = "video"
+    IMAGE = "image"
+    TEXT = "text"  # a report's synthesis and chapters
+
+
+class ModelConfig(models.Model):
+    """A model added or overridden by an operator in the admin (executor.registry): over the code's models
+    and the models file's, field by field. A blank field keeps what the layer below says of the model; a
+    model no layer below knows needs its provider and kind. Its price is billing's (the rate card's
+    override, edited on the same admin page)."""
+
+    name = models.CharField(max_length=200, unique=True, help_text="provider/model, as a job names it")
+    enabled = models.BooleanField(default=True, help_text="Off: a job naming the model is refused (422).")
+    provider = models.CharField(max_length=40, blank=True, default="", help_text="The adapter; blank: as below.")
+    kind = models.CharField(max_length=8, choices=ModelKind.choices, blank=True, default="")
+    content_type = models.CharField(max_length=100, blank=True, default="")
+    # Capabilities stated here, over the provider's: {"idempotency_key": true, "key_ttl_s": 86400, "lookup":
+    # false, "asynchronous": true, "cancel": true, "callbacks": true, "unpaid_statuses": [429, 503],
+    # "window_s": 1800, "resubmit_uncertain": false}; a key not stated is the provider's.
+    capabilities = models.JSONField(null=True, blank=True)
+    # The parameters a media job's input may carry: [{"name", "type": number|integer|string, "minimum",
+    # "maximum", "nullable", "choices"}]; "any" takes anything unchecked; null: as below.
+    params = models.JSONField(null=True, blank=True)
+    note = models.CharField(max_length=300, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "model"
+
+    def __str__(self):
+        return self.name

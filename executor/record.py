@@ -64,6 +64,14 @@ RETURNING id
 _NUMBER_TRIES = 20
 
 
+def media_worst_case(model_name: str, request: dict) -> Decimal:
+    """The most one render can cost: its unit price for the parameters it sends (a price may depend on an
+    image's size and quality), and its prompt as input tokens where the provider bills them too."""
+    prompt = request.get("prompt") or ""
+    return rates.worst_case(model_name, params=request.get("params") or {},
+                            input_tokens=rates.input_tokens_bound(None, [{"content": prompt}]))
+
+
 def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decimal | None = None,
            pool: str | None = None, number_hint: int | None = None) -> Attempt:
     """Commit the attempt as `submitting`, with its key and the exact request (`request` and the metadata
@@ -90,7 +98,7 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
         raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
                            "whose rollback after the call would lose the record of the spend")
     spec = model_spec(model_name)
-    worst = worst_case if worst_case is not None else rates.worst_case(model_name)
+    worst = worst_case if worst_case is not None else media_worst_case(model_name, request)
     for _ in range(_NUMBER_TRIES):
         number, number_hint = number_hint or next_number(job), None
         key = upstream_key(job.id, number)
@@ -196,7 +204,8 @@ def end_fields(attempt: Attempt, *, money: Money, fields: dict) -> dict:
     if money is Money.SETTLE and fields.get("cost_usd", attempt.cost_usd) is None:
         # Nobody quoted it: derive it from the rate card (what it used, or its unit price); None stays
         # unpriced, and the whole reservation is kept as spent.
-        derived = rates.cost_of(attempt.model_name, fields.get("usage", attempt.usage))
+        derived = rates.cost_of(attempt.model_name, fields.get("usage", attempt.usage),
+                                params=(attempt.request or {}).get("params"))
         if derived is not None:
             fields.update(cost_usd=derived, cost_source="derived")
     return fields

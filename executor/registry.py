@@ -1,25 +1,41 @@
-"""The models payonce knows: `provider/model` names, what they make, and their capabilities.
+"""The models payonce knows: `provider/model` names, what they make, their capabilities and parameters.
 
-A job's `models` are validated against this catalog, so a typo is a 422 at submit, not a failed job:
-the sandbox's four models by name, Anthropic's `claude-*` models, any model of an OpenAI-compatible
-server, and Replicate's `owner/name[:version]` models.
+Three layers, each over the one before, model by model and field by field (docs/providers.md):
+
+1. the code's: the sandbox's models, fal's and OpenAI's image models by name, and by pattern Anthropic's
+   `claude-*` models, any model of an OpenAI-compatible server and Replicate's `owner/name[:version]`;
+2. the models file (MODELS_FILE, JSON: `{"models": [{"name", "provider", "kind", "content_type",
+   "capabilities", "params", "price", "enabled"}]}`), read again when it changes;
+3. the admin's Models page (executor.models.ModelConfig), read again within MODELS_CACHE_S.
+
+A model's price is the rate card's (billing.rates), with the same two layers over its defaults. A job's
+`models` are validated against the catalog, so a typo is a 422 at submit, not a failed job; a model
+whose provider has no key (REAL_PROVIDERS on) is refused at submit too (`provider_usable`).
 
 A media model also declares the parameters it takes (`ModelSpec.params`), so that a job's `input` is
 checked against them at submit (`input_problems`): without it, a typo such as `rendr_s` was sent to the
 provider, which ignored it and rendered (and charged) a default render.
 """
 
+import dataclasses
+import json
+import logging
 import math
+import mimetypes
+import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 from django.conf import settings
 
-from executor.providers import anthropic, openai_compat, real, replicate
+from executor.models import ModelConfig, ModelKind
+from executor.providers import ADAPTERS, anthropic, fal, openai_compat, openai_images, real, replicate
 from executor.providers.base import CHEAP_LLM, Capabilities
 from sandbox import catalog as sandbox_catalog
+
+logger = logging.getLogger(__name__)
 
 # A media job's input keys that are payonce's own, never a provider parameter: every other key is sent to
 # each model of the chain as a parameter (executor.render, through provider_params).
@@ -38,11 +54,14 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False
+    choices: tuple | None = None  # the only values taken (a size, a quality)
 
     def problem(self, value) -> str | None:
         """Why `value` is not a value of this parameter, or None."""
         if value is None:
             return None if self.nullable else "May not be null."
+        if self.choices is not None and (isinstance(value, bool) or value not in self.choices):
+            return f"Must be one of: {', '.join(map(str, self.choices))}."
         if self.type == "string":
             return None if isinstance(value, str) else "A string is required."
         wanted = "An integer" if self.type == "integer" else "A number"
@@ -109,20 +128,67 @@ _SANDBOX = {
 def _sandbox_capabilities(declared: dict | None) -> Capabilities:
     if declared is None:
         return CHEAP_LLM
-    return Capabilities(**declared, unpaid_statuses=_SANDBOX_UNPAID, key_ttl_s=settings.SANDBOX_KEY_TTL_S)
+    return Capabilities(**declared, unpaid_statuses=_SANDBOX_UNPAID, key_ttl_s=settings.SANDBOX_KEY_TTL_S,
+                        callbacks=True)
+
+
 # Every content type a job's output can have (GET /v1/jobs/{id}/output).
-OUTPUT_CONTENT_TYPES = ("video/mp4", "image/png", "application/octet-stream")
+OUTPUT_CONTENT_TYPES = ("video/mp4", "image/png", "image/jpeg", "image/webp", "application/octet-stream")
 # Whole names (\A...\Z: `$` would also match before a final newline).
 _REPLICATE_MODEL = re.compile(r"\A[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?\Z")
 _OPENAI_MODEL = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}\Z")
+_NAME = re.compile(r"\A[a-z0-9-]{1,40}/[A-Za-z0-9][A-Za-z0-9._:/-]{0,150}\Z")
 
 
-@lru_cache(maxsize=1024)
-def model_spec(name: str) -> ModelSpec | None:
+def _openai_image_params(model: str) -> tuple[Param, ...]:
+    return tuple(Param(each.name, each.type, minimum=each.minimum, maximum=each.maximum, choices=each.choices)
+                 for each in openai_images.PARAMS[model])
+
+
+# fal's models as its API reference declares them (executor.providers.fal): one output per job, so
+# num_images is held to 1; sync_mode (the output as a data URI fal does not keep) is not taken.
+_FAL_FLUX_PARAMS = (
+    Param("image_size", "string", choices=("square_hd", "square", "portrait_4_3", "portrait_16_9", "landscape_4_3",
+                                           "landscape_16_9")),
+    Param("num_inference_steps", "integer", minimum=1, maximum=50),
+    Param("guidance_scale", "number", minimum=1, maximum=20),
+    Param("seed", "integer", minimum=0),
+    Param("num_images", "integer", minimum=1, maximum=1),
+    Param("output_format", "string", choices=("jpeg", "png")),
+    Param("acceleration", "string", choices=("none", "regular", "high")),
+)
+_FAL_KLING_PARAMS = (
+    Param("duration", "string", choices=("5", "10")),
+    Param("aspect_ratio", "string", choices=("16:9", "9:16", "1:1")),
+    Param("negative_prompt", "string"),
+    Param("cfg_scale", "number", minimum=0, maximum=1),
+)
+
+
+def _code_models() -> dict[str, ModelSpec]:
+    """The models the code names (patterns aside), built at call time: the sandbox's key lifetime is a
+    setting."""
+    models = {}
+    for model, (kind, content_type, extension, declared, params) in _SANDBOX.items():
+        models[f"sandbox/{model}"] = ModelSpec("sandbox", model, kind, content_type, extension,
+                                               _sandbox_capabilities(declared), params)
+    models["fal/fal-ai/flux/dev"] = ModelSpec("fal", "fal-ai/flux/dev", "image", "image/jpeg", "jpg",
+                                              fal.CAPABILITIES, _FAL_FLUX_PARAMS)
+    kling = "fal-ai/kling-video/v2.5-turbo/pro/text-to-video"
+    models[f"fal/{kling}"] = ModelSpec("fal", kling, "video", "video/mp4", "mp4", fal.CAPABILITIES, _FAL_KLING_PARAMS)
+    for model in openai_images.PARAMS:
+        models[f"openai-images/{model}"] = ModelSpec("openai-images", model, "image", "image/png", "png",
+                                                     openai_images.CAPABILITIES, _openai_image_params(model))
+    return models
+
+
+def code_spec(name: str) -> ModelSpec | None:
+    """The model as the code alone says it (no file, no admin: no database; safe at import time)."""
+    return _code_models().get(name) or _pattern_spec(name)
+
+
+def _pattern_spec(name: str) -> ModelSpec | None:
     provider, _, model = name.partition("/")
-    if provider == "sandbox" and model in _SANDBOX:
-        kind, content_type, extension, declared, params = _SANDBOX[model]
-        return ModelSpec(provider, model, kind, content_type, extension, _sandbox_capabilities(declared), params)
     if provider == "anthropic" and re.fullmatch(r"claude-[a-z0-9.-]{1,80}", model):
         return ModelSpec(provider, model, "text", "text/markdown", "md", anthropic.CAPABILITIES)
     if provider == "openai" and _OPENAI_MODEL.match(model):
@@ -133,6 +199,195 @@ def model_spec(name: str) -> ModelSpec | None:
         return ModelSpec(provider, model, "image", "application/octet-stream", "bin", replicate.CAPABILITIES,
                          params=None)
     return None
+
+
+# --- the file's and the admin's layers --------------------------------------------------------------------
+
+_CAPABILITY_FIELDS = {field.name: field for field in dataclasses.fields(Capabilities)}
+_PARAM_FIELDS = {"name", "type", "minimum", "maximum", "nullable", "choices"}
+# An output's file extension by content type, where mimetypes' first guess is not the usual one.
+_EXTENSIONS = {"image/jpeg": "jpg", "text/markdown": "md", "application/octet-stream": "bin"}
+
+
+def spec_from(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec | None:
+    """The model `name` as `entry` (a models file entry, or an admin row as a dict) states it over
+    `below` (what the layers under it say, or None); None when the entry disables it. ValueError names
+    the first thing wrong, so a bad entry is refused where it is written (the admin's form, the file's
+    check at start)."""
+    if not _NAME.match(name):
+        raise ValueError(f"{name!r} is not provider/model")
+    if entry.get("enabled") is False:
+        return None
+    provider = entry.get("provider") or (below.provider if below else "")
+    if provider != name.partition("/")[0]:
+        raise ValueError(f"the model's name starts with its provider ({provider or 'none given'}/...)")
+    if provider not in ADAPTERS:
+        raise ValueError(f"no adapter for provider {provider!r} (there are: {', '.join(sorted(ADAPTERS))})")
+    kind = entry.get("kind") or (below.kind if below else "")
+    if kind not in ModelKind.values:
+        raise ValueError(f"kind must be one of {', '.join(ModelKind.values)}")
+    content_type = entry.get("content_type") or (below.content_type if below and below.kind == kind else "")
+    content_type = content_type or ("text/markdown" if kind == "text" else "application/octet-stream")
+    if kind != "text" and content_type not in OUTPUT_CONTENT_TYPES:
+        raise ValueError(f"content_type must be one of {', '.join(OUTPUT_CONTENT_TYPES)}")
+    base = below.capabilities if below else getattr(ADAPTERS[provider], "capabilities", CHEAP_LLM)
+    capabilities = _capabilities(base, entry.get("capabilities") or {})
+    params = _params(entry["params"]) if entry.get("params") is not None else (below.params if below else None)
+    extension = _EXTENSIONS.get(content_type) or (mimetypes.guess_extension(content_type) or ".bin").lstrip(".")
+    return ModelSpec(provider, name.partition("/")[2], kind, content_type, extension, capabilities, params)
+
+
+def _capabilities(base: Capabilities, stated: Mapping) -> Capabilities:
+    if not isinstance(stated, Mapping):
+        raise ValueError("capabilities is an object")
+    unknown = set(stated) - set(_CAPABILITY_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown capabilities: {', '.join(sorted(unknown))} (known: {', '.join(_CAPABILITY_FIELDS)})")
+    changes = {}
+    for key, value in stated.items():
+        if key == "unpaid_statuses":
+            if not isinstance(value, list) or not all(isinstance(s, int) and 400 <= s <= 599 for s in value):
+                raise ValueError("unpaid_statuses is a list of HTTP statuses (400-599)")
+            value = frozenset(value)
+        elif key in ("key_ttl_s", "window_s"):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{key} is a number of seconds above 0, or null")
+        elif not isinstance(value, bool):
+            raise ValueError(f"{key} is true or false")
+        changes[key] = value
+    return dataclasses.replace(base, **changes)
+
+
+def _params(stated) -> tuple[Param, ...] | None:
+    if stated == "any":
+        return None
+    if not isinstance(stated, list):
+        raise ValueError('params is a list of parameters, or "any"')
+    params = []
+    for each in stated:
+        if not isinstance(each, Mapping) or not isinstance(each.get("name"), str) or set(each) - _PARAM_FIELDS:
+            raise ValueError(f"a parameter is {{{', '.join(sorted(_PARAM_FIELDS))}}} with a name: {each!r}")
+        if each.get("type") not in ("number", "integer", "string"):
+            raise ValueError(f"{each['name']}: type is number, integer or string")
+        choices = each.get("choices")
+        if choices is not None and (not isinstance(choices, list) or not choices):
+            raise ValueError(f"{each['name']}: choices is a list of values")
+        params.append(Param(each["name"], each["type"], minimum=each.get("minimum"), maximum=each.get("maximum"),
+                            nullable=bool(each.get("nullable")), choices=tuple(choices) if choices else None))
+    if {p.name for p in params} & set(PAYONCE_INPUT_KEYS):
+        raise ValueError(f"{', '.join(PAYONCE_INPUT_KEYS)} are payonce's own keys, not parameters")
+    return tuple(params)
+
+
+def row_entry(row: ModelConfig) -> dict:
+    """An admin row as a layer's entry: blank fields say nothing."""
+    entry = {"enabled": row.enabled}
+    for field in ("provider", "kind", "content_type", "capabilities", "params"):
+        value = getattr(row, field)
+        if value not in ("", None):
+            entry[field] = value
+    return entry
+
+
+def file_entries() -> dict[str, dict]:
+    """The models file's entries by name ({} without MODELS_FILE). Raises (OSError, ValueError) when it
+    cannot be read."""
+    path = settings.MODELS_FILE
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    entries = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+        raise ValueError('the models file is {"models": [{"name": "provider/model", ...}]}')
+    return {entry["name"]: entry for entry in entries}
+
+
+# What the layers say, per process: ({name: [entry, ...]} bottom first, read at (monotonic), the file's
+# stamp), and every spec built from them (cleared with them).
+_layers: dict = {"at": float("-inf"), "entries": {}, "stamp": None, "specs": {}}
+
+
+def _layer_entries() -> dict[str, list[dict]]:
+    now = time.monotonic()
+    if now - _layers["at"] <= settings.MODELS_CACHE_S:
+        return _layers["entries"]
+    entries: dict[str, list[dict]] = {}
+    try:
+        stamp = _file_stamp()
+        files = file_entries() if stamp != _layers["stamp"] else _layers.get("file", {})
+        _layers["file"], _layers["stamp"] = files, stamp
+    except (OSError, ValueError) as exc:
+        # A file broken after start keeps what was read before (the start-up check refuses a broken one).
+        logger.error("the models file %s cannot be read: %s; keeping the models read before", settings.MODELS_FILE, exc)
+        files = _layers.get("file", {})
+    for name, entry in files.items():
+        entries.setdefault(name, []).append(entry)
+    for row in ModelConfig.objects.all():
+        entries.setdefault(row.name, []).append(row_entry(row))
+    _layers.update(at=now, entries=entries, specs={})
+    return entries
+
+
+def _file_stamp():
+    path = settings.MODELS_FILE
+    if not path:
+        return None
+    stat = os.stat(path)
+    return (path, stat.st_mtime_ns, stat.st_size)
+
+
+def forget_models() -> None:
+    """Read the file and the admin's rows again on next use (after an edit: this process at once, the
+    others within MODELS_CACHE_S)."""
+    _layers["at"] = float("-inf")
+
+
+# A name no layer knows reads the layers again at once, at most this often: a model added in the admin
+# is known to every process at its first job, not MODELS_CACHE_S later (a change to a known one waits).
+MISS_RELOAD_S = 1.0
+
+
+def model_spec(name: str) -> ModelSpec | None:
+    """The model `name` as the three layers say it, or None (unknown, or disabled)."""
+    spec = _spec(name)
+    if spec is None and time.monotonic() - _layers["at"] >= MISS_RELOAD_S:
+        forget_models()
+        spec = _spec(name)
+    return spec
+
+
+def _spec(name: str) -> ModelSpec | None:
+    entries = _layer_entries()
+    specs = _layers["specs"]
+    if name in specs:
+        return specs[name]
+    spec = code_spec(name)
+    for entry in entries.get(name, ()):
+        try:
+            spec = spec_from(name, entry, spec)
+        except ValueError as exc:  # refused where it was written; one that slipped by is skipped, loudly
+            logger.error("model %s: %s; the entry is skipped", name, exc)
+        if spec is None:
+            break
+    if len(specs) < 4096:  # names are client input: the memo stays bounded
+        specs[name] = spec
+    return spec
+
+
+def check_models_file() -> list[str]:
+    """What is wrong with the models file, each entry's own problem named (the start-up check)."""
+    try:
+        entries = file_entries()
+    except (OSError, ValueError) as exc:
+        return [f"MODELS_FILE {settings.MODELS_FILE!r}: {exc}"]
+    problems = []
+    for name, entry in entries.items():
+        try:
+            spec_from(name, entry, code_spec(name))
+        except ValueError as exc:
+            problems.append(f"MODELS_FILE, model {name}: {exc}")
+    return problems
 
 
 def provider_params(job_input: Mapping) -> dict:

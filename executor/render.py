@@ -39,6 +39,7 @@ from config.metrics import count
 from config.sql import update_sql
 from executor import callbacks, policy, record, services
 from executor.models import Attempt, AttemptState
+from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError
 from executor.record import Money
 from executor.registry import model_spec, provider_params
@@ -401,6 +402,11 @@ def _answered_accepted(attempt: Attempt, submission, *, done) -> None:
     }
     if submission.status == "succeeded" and submission.output_url:
         fields["output_url"] = submission.output_url
+    elif submission.status == "succeeded" and submission.output is not None:
+        # The finished work came in the answer's body (a synchronous provider): it was paid for, and this
+        # row is the one durable place it can be kept in the commit that records the acceptance. The
+        # output step copies it to the store like any other output URL (executor.services.media_store).
+        fields["output_url"] = http.data_url(submission.output, submission.output_content_type)
     if done is not None:
         result = {**record.accepted(attempt), "upstream_id": submission.upstream_id}
         if done.with_update(result, Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING), fields):

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from executor.models import Attempt
-from executor.providers import provider_for
+from executor.providers import http, provider_for
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
 from executor.store import ClientStore, OutputKeyTaken, StoredObject, client_store
@@ -105,14 +105,19 @@ def media_store(job, finished: dict) -> dict:
     """Download the finished media and write it create-only under the job's output key, tagged with the
     job, provider, model and attempt that made it."""
     spec = model_spec(finished["model"])
-    try:
-        payload = provider(spec).fetch(finished["output_url"])
-    except ProviderError as exc:
-        raise StepRetry(f"download failed ({exc.kind}: {exc.message})") from exc
+    content_type = spec.content_type
+    carried = http.data_url_payload(finished["output_url"])
+    if carried is not None:  # the provider answered the bytes themselves, kept on the attempt (render)
+        payload, content_type = carried
+    else:
+        try:
+            payload = provider(spec).fetch(finished["output_url"])
+        except ProviderError as exc:
+            raise StepRetry(f"download failed ({exc.kind}: {exc.message})") from exc
     metadata = {"written_by": str(job.id), "provider": spec.provider, "model": spec.model,
                 "attempt": str(finished["attempt"])}
     try:
-        stored = store(job).put(job.output_key, payload, content_type=spec.content_type, metadata=metadata)
+        stored = store(job).put(job.output_key, payload, content_type=content_type, metadata=metadata)
     except OutputKeyTaken as exc:
         raise JobFailure("OUTPUT_KEY_CONFLICT", str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - every store error is a decided outcome, never a stuck job

@@ -11,7 +11,7 @@ from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FALLBACK_REASONS, default_policy
-from executor.registry import PAYONCE_INPUT_KEYS, input_problems, model_spec, provider_usable
+from executor.registry import PAYONCE_INPUT_KEYS, code_spec, input_problems, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
 from jobs.models import JobKind, JobStatus, ReportChapter
@@ -194,7 +194,7 @@ class JobCreateSerializer(StrictSerializer):
     input = serializers.DictField(help_text=(
         f"media: {' and '.join(PAYONCE_INPUT_KEYS)}, and only the parameters that every model of the chain "
         "which declares its parameters takes (any other key is 422, named in fields.input); the sandbox's "
-        f"media models take {', '.join(p.name for p in model_spec('sandbox/video-keyed').params)}; a "
+        f"media models take {', '.join(p.name for p in code_spec('sandbox/video-keyed').params)}; a "
         "Replicate model's are passed through unchecked. report: subject, chapters, email."))
     policy = PolicySerializer(required=False)
     output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)

@@ -32,6 +32,9 @@ class Capabilities:
     # How long a keyed provider remembers an idempotency key, in seconds (None: for ever). Within it a
     # resend is free and settles every unknown outcome; past it a resend may make (and bill) new work.
     key_ttl_s: float | None = DEFAULT_KEY_TTL_S
+    # The provider can call back when the work ends (executor.callbacks verifies it; polling stays the
+    # fallback, so a provider without it loses nothing but the doorbell).
+    callbacks: bool = False
 
     def answered_unpaid(self, status: int | None) -> bool:
         """Whether an HTTP answer with `status` says the provider accepted nothing and charged nothing."""
@@ -125,6 +128,10 @@ class Submission:
     usage: Usage | None = None
     raw: dict = field(default_factory=dict)
     expected_s: float | None = None  # how long the provider expects the work to take, where it says
+    # A synchronous provider that answers the finished work in its body (OpenAI's images, as base64):
+    # the bytes, kept by the executor before the acceptance is recorded (they were paid for).
+    output: bytes | None = None
+    output_content_type: str | None = None
 
 
 @dataclass

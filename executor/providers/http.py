@@ -1,6 +1,7 @@
 """HTTP plumbing shared by every adapter: one keep-alive requests.Session per thread and base URL, the
 connect and read timeouts of settings, and transport failures turned into ProviderError."""
 
+import base64
 import os
 import threading
 from urllib.request import getproxies
@@ -89,3 +90,19 @@ def error_body(response: requests.Response) -> dict:
 
 def fallback_message(response: requests.Response) -> str:
     return response.text[:500].strip() or response.reason or f"HTTP {response.status_code}"
+
+
+def data_url(payload: bytes, content_type: str | None) -> str:
+    """Bytes a provider answered in its body, as a `data:` URL (RFC 2397) an attempt's output_url can hold."""
+    return f"data:{content_type or 'application/octet-stream'};base64,{base64.b64encode(payload).decode()}"
+
+
+def data_url_payload(url: str) -> tuple[bytes, str] | None:
+    """(bytes, content type) of a `data:` URL made by data_url; None for any other URL."""
+    if not url.startswith("data:"):
+        return None
+    head, _, encoded = url[5:].partition(",")
+    content_type, _, encoding = head.partition(";")
+    if encoding != "base64":
+        raise ValueError("only base64 data URLs are made here")
+    return base64.b64decode(encoded, validate=True), content_type or "application/octet-stream"

@@ -1,8 +1,8 @@
 """Whether the real provider adapters spend real money (docs/design.md, "Real money is opt-in"), and the one door
 through which they reach the network or, with REAL_PROVIDERS off, its recording.
 
-Spending is opt-in: with REAL_PROVIDERS off, `anthropic`, `openai` and `replicate` answer from recorded
-fixtures (executor.providers.replay) and never open a socket. With it on, each needs its key, and a
+Spending is opt-in: with REAL_PROVIDERS off, `anthropic`, `openai`, `replicate`, `fal` and `openai-images`
+answer from recorded fixtures (executor.providers.replay) and never open a socket. With it on, each needs its key, and a
 deployment switched on with nothing usable refuses to start (`check_real_providers`).
 Settings are read at call time, never at import time, so tests (and a reloaded config) can change them.
 """
@@ -15,8 +15,9 @@ from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError
 from executor.providers.replay import replay_session_key
 
-REAL_PROVIDER_NAMES = ("anthropic", "openai", "replicate")
-KEY_SETTINGS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "replicate": "REPLICATE_API_TOKEN"}
+REAL_PROVIDER_NAMES = ("anthropic", "openai", "replicate", "fal", "openai-images")
+KEY_SETTINGS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "replicate": "REPLICATE_API_TOKEN",
+                "fal": "FAL_KEY", "openai-images": "OPENAI_API_KEY"}
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 # An LLM answers nothing until its whole text is written (no streaming here): a long chapter takes a minute
 # or two, far past PROVIDER_READ_TIMEOUT_S. Cutting it short would be an unknown outcome that is paid for
@@ -55,7 +56,7 @@ def provider_is_usable(name: str) -> bool:
         return True
     if name in configured_providers():
         return True
-    return name == "openai" and openai_is_local()
+    return name in ("openai", "openai-images") and openai_is_local()
 
 
 def check_real_providers() -> set[str]:
@@ -71,7 +72,7 @@ def check_real_providers() -> set[str]:
     if not usable:
         raise ImproperlyConfigured(
             "REAL_PROVIDERS is on but no provider key is set: set at least one of ANTHROPIC_API_KEY, "
-            "OPENAI_API_KEY, REPLICATE_API_TOKEN (or point OPENAI_BASE_URL at a local server), "
+            "OPENAI_API_KEY, REPLICATE_API_TOKEN, FAL_KEY (or point OPENAI_BASE_URL at a local server), "
             "or switch REAL_PROVIDERS off to answer from recorded fixtures."
         )
     return usable

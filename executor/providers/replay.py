@@ -1,6 +1,6 @@
 """Recorded answers for the real providers, with no network (docs/design.md, "Real money is opt-in"). With
-REAL_PROVIDERS off a job may still name `anthropic/...`, `openai/...` and `replicate/...` models; their adapters
-then reach this module instead of the provider.
+REAL_PROVIDERS off a job may still name `anthropic/...`, `openai/...`, `replicate/...`, `fal/...` and
+`openai-images/...` models; their adapters then reach this module instead of the provider.
 
 `ReplayAdapter` is a requests transport adapter that answers from the recorded wire formats in
 `fixtures/` (see fixtures/README.md): the same status codes, headers and JSON bodies the providers send,
@@ -9,6 +9,10 @@ keeps state or reads the clock, so the same request always yields the same answe
 
 - Anthropic `POST /v1/messages` and OpenAI-compatible `POST .../chat/completions` answer a text derived
   from the last user message, with token counts of about four characters a token, cut at max_tokens;
+- OpenAI's `POST .../images/generations` answers a tiny PNG derived from the prompt, as base64;
+- fal's queue takes a `fal-ai/...` submit with a request id derived from model and input; any status
+  of it answers COMPLETED, and its result is an image (a video for an app named for video) under a replay
+  media host that answers the same small PNG (or bytes named .mp4);
 - Replicate predictions are created `starting` (id derived from model, version and input) and any poll
   of them answers `succeeded` (so `starting -> succeeded` after one poll), with one output URL under
   `https://replicate.delivery/replay/` that answers a small PNG. A poll cannot echo the request's input
@@ -47,6 +51,8 @@ from executor.providers import http as provider_http
 FIXTURES_DIR = Path(__file__).with_name("fixtures")
 MEDIA_PREFIX = "https://replicate.delivery/"
 REPLAY_MEDIA_PREFIX = MEDIA_PREFIX + "replay/"
+FAL_MEDIA_PREFIX = "https://v3.fal.media/"
+FAL_REPLAY_MEDIA_PREFIX = FAL_MEDIA_PREFIX + "files/replay/"
 _SESSION_PREFIX = "payonce-replay:"
 
 
@@ -174,6 +180,8 @@ class ReplayAdapter(BaseAdapter):
             return self._anthropic(_json_body(request))
         if method == "POST" and path.endswith("/chat/completions"):
             return self._openai(_json_body(request))
+        if method == "POST" and path.endswith("/images/generations"):
+            return self._openai_image(_json_body(request))
         if method == "POST" and (match := re.fullmatch(r"/v1/models/([^/]+)/([^/]+)/predictions", path)):
             return self._prediction_create(api, f"{match[1]}/{match[2]}", None, _json_body(request))
         if method == "POST" and path == "/v1/predictions":
@@ -187,6 +195,8 @@ class ReplayAdapter(BaseAdapter):
             return self._prediction(api, match[1], "replicate/prediction_canceled")
         if method == "POST" and path == "/v1/files":
             return self._file(api, request)
+        if (answer := self._fal(method, url, api, path, request)) is not None:
+            return answer
         message = f"payonce replay: no recorded answer for {method} {parts.path}"
         # Readable by all three adapters' error parsers.
         return _json(404, {"content-type": "application/json"},
@@ -242,6 +252,39 @@ class ReplayAdapter(BaseAdapter):
         recorded["headers"]["x-request-id"] = "req_replay" + _digest(body).hex()[20:52]
         return _recorded(recorded)
 
+    def _openai_image(self, body: dict):
+        """OpenAI's image generation: a 4x4 grey PNG whose pixels are the prompt's digest, as base64 for
+        every model (where OpenAI would answer dall-e-3 with a URL too), so the same prompt always makes the
+        same bytes and no media host is needed. Always a PNG, whatever output_format asked."""
+        if not body.get("model") or not body.get("prompt"):
+            missing = "model" if not body.get("model") else "prompt"
+            recorded = fixture("openai/error_400_invalid_request")
+            recorded["body"]["error"].update(message=f"Missing required parameter: '{missing}'.", param=missing,
+                                             code="missing_required_parameter")
+            return _recorded(recorded)
+
+        def chunk(kind: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+        pixels = hashlib.sha256(str(body["prompt"]).encode()).digest()
+        rows = b"".join(b"\x00" + pixels[4 * row:4 * row + 4] for row in range(4))
+        png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 0, 0, 0, 0))
+               + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b""))
+        recorded = fixture("openai/images_generation")
+        answer = recorded["body"]
+        answer["data"] = [{"b64_json": base64.b64encode(png).decode()}]
+        if str(body["model"]).startswith("dall-e"):  # no tokens, no echo of the GPT image models' settings
+            for name in ("background", "output_format", "quality", "size", "usage"):
+                answer.pop(name, None)
+        else:
+            answer.update({name: body[name] for name in ("quality", "size") if body.get(name) not in (None, "auto")})
+            text_tokens = max(1, math.ceil(len(str(body["prompt"])) / 4))
+            usage = answer["usage"]
+            usage.update(input_tokens=text_tokens, total_tokens=text_tokens + usage["output_tokens"])
+            usage["input_tokens_details"]["text_tokens"] = text_tokens
+        recorded["headers"]["x-request-id"] = "req_replay" + _digest(body).hex()[:32]
+        return _recorded(recorded)
+
     # -- Replicate -------------------------------------------------------------------------------------
 
     def _prediction_create(self, api: str, model: str | None, version: str | None, body: dict):
@@ -288,6 +331,65 @@ class ReplayAdapter(BaseAdapter):
         file.update(id=file_id, name=filename, content_type=file_type, size=len(content), etag=f'"{md5}"',
                     checksums={"sha256": hashlib.sha256(content).hexdigest(), "md5": md5},
                     urls={"get": f"{api}/v1/files/{file_id}"})
+        return _recorded(recorded)
+
+    # -- fal -------------------------------------------------------------------------------------------
+
+    def _fal(self, method: str, url: str, api: str, path: str, request):
+        """fal's queue API, its webhook keys (`/.well-known/jwks.json`) and its media host; None for a
+        request that is none of these. A submit (`POST /{owner}/{app}[/path]`, taken on fal's own hosts, or
+        for a `fal-ai/` model on any: elsewhere such a path may be another provider's) is queued with a
+        request id derived from the model and the input; any status of a request answers COMPLETED and its
+        result one image (one video for an app named `...video...`) under FAL_REPLAY_MEDIA_PREFIX, so
+        `IN_QUEUE -> COMPLETED` after one poll. A cancel is accepted."""
+        if url.startswith(FAL_MEDIA_PREFIX):
+            return self._media(method, urlsplit(url).path)
+        if method == "GET" and path == "/.well-known/jwks.json":
+            return _recorded(fixture("fal/jwks"))
+        if match := re.fullmatch(r"/([^/]+/[^/]+(?:/[^/]+)?)/requests/([^/]+)(/status|/cancel)?", path):
+            app, request_id, tail = match.groups()
+            urls = {"response_url": f"{api}/{app}/requests/{request_id}",
+                    "status_url": f"{api}/{app}/requests/{request_id}/status",
+                    "cancel_url": f"{api}/{app}/requests/{request_id}/cancel"}
+            if method == "GET" and tail == "/status":
+                recorded = fixture("fal/status_completed")
+                recorded["body"].update(request_id=request_id, **urls)
+                return _recorded(recorded)
+            if method == "GET" and tail is None:
+                video = "video" in app
+                recorded = fixture("fal/result_kling_video" if video else "fal/result_flux_dev")
+                recorded["headers"]["x-fal-request-id"] = request_id
+                if video:
+                    recorded["body"]["video"]["url"] = f"{FAL_REPLAY_MEDIA_PREFIX}{request_id}/output.mp4"
+                else:
+                    recorded["body"]["images"] = [{"url": f"{FAL_REPLAY_MEDIA_PREFIX}{request_id}/out-0.png",
+                                                   "width": 1, "height": 1, "content_type": "image/png"}]
+                return _recorded(recorded)
+            if method == "PUT" and tail == "/cancel":
+                return _recorded(fixture("fal/cancel_requested"))
+            return None
+        fal_host = (urlsplit(url).hostname or "").endswith((".fal.run", ".falrun.com"))
+        if method != "POST" or not (fal_host or path.startswith("/fal-ai/")) or not re.fullmatch(r"(/[^/]+){2,}", path):
+            return None
+        try:
+            body = json.loads(request.body or b"null")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            recorded = fixture("fal/error_422_validation")
+            recorded["body"]["detail"] = [{"loc": ["body"], "msg": "Input should be a valid dictionary",
+                                           "type": "dict_type", "input": body}]
+            return _recorded(recorded)
+        model = path[1:]
+        digest = _digest({"model": model, "input": body}).hex()
+        request_id = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+        segments = model.split("/")
+        app = "/".join(segments[: 3 if segments[0] in ("workflows", "comfy") else 2])  # as fal names an app
+        recorded = fixture("fal/submit_accepted")
+        recorded["body"].update(request_id=request_id, response_url=f"{api}/{app}/requests/{request_id}",
+                                status_url=f"{api}/{app}/requests/{request_id}/status",
+                                cancel_url=f"{api}/{app}/requests/{request_id}/cancel")
+        recorded["headers"]["x-fal-request-id"] = request_id
         return _recorded(recorded)
 
     # -- media -----------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from executor.providers.base import (
 # Replicate documents 429 (and the other 4xx) as refusals; a 5xx may come after the prediction was
 # created, so it stays an unknown outcome (resolved by lookup).
 CAPABILITIES = Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=True, window_s=1800.0,
-                            unpaid_statuses=frozenset({429}))
+                            unpaid_statuses=frozenset({429}), callbacks=True)
 
 _STATUSES = {"starting": "running", "processing": "running", "succeeded": "succeeded", "failed": "failed",
              "canceled": "cancelled", "aborted": "failed"}

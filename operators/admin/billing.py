@@ -1,4 +1,4 @@
-"""The rate card's overrides, spend per client per month, and every reservation, in the Django admin; the
+"""Spend per client per month, and every reservation, in the Django admin; the
 spend page (per client and per product for a month, and the last 12 months as a server-rendered SVG
 chart)."""
 
@@ -15,8 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from billing import rates
-from billing.models import BudgetMonth, ModelPrice, Reservation
+from billing.models import BudgetMonth, Reservation
 from billing.months import month_of, next_month
 from billing.selectors import (
     budget_totals,
@@ -35,17 +34,6 @@ from orders.selectors import orders_by_product
 # needs the site's index_template; a site that set one of its own keeps it.
 if admin.site.index_template is None:
     admin.site.index_template = "admin/payonce/index.html"
-
-
-@admin.register(ModelPrice)
-class ModelPriceAdmin(admin.ModelAdmin):
-    list_display = ("model", "free", "input_per_mtok_usd", "output_per_mtok_usd", "cache_write_per_mtok_usd",
-                    "cache_read_per_mtok_usd", "per_unit_usd", "unit", "updated_at")
-    search_fields = ("model",)
-
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        rates.forget_overrides()  # this process at once; the others within OVERRIDES_CACHE_S
 
 
 class ReservationInline(admin.TabularInline):

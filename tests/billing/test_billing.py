@@ -80,13 +80,31 @@ PRICING = [
     ("unknown model: unpriced, never free", "anthropic/claude-sonet-4-5", anthropic_usage(input_tokens=10, output_tokens=10),
      None),
     ("known token model with no usage reported: unpriced", "openai/gpt-4.1", None, None),
-    ("media the card cannot price: unpriced", "replicate/black-forest-labs/flux-schnell", {"units": 1.5}, None),
+    ("media the card cannot price: unpriced", "replicate/someone/some-model", {"units": 1.5}, None),
+    ("media priced per image: its predict time is not what it is billed by", "replicate/black-forest-labs/flux-schnell",
+     {"units": 1.5}, D("0.003000")),
+    ("an image priced by its size and quality, billed by the tokens its answer reports", "openai-images/gpt-image-1",
+     {"input_tokens": 17, "output_tokens": 1056, "units": 1}, D("0.042325")),
 ]
 
 
 @pytest.mark.parametrize("model,usage,expected", [row[1:] for row in PRICING], ids=[row[0] for row in PRICING])
 def test_the_cost_of_a_call(model, usage, expected):
     assert rates.cost_of(model, usage) == expected
+
+
+def test_an_image_price_follows_its_parameters_and_an_unknown_one_is_the_dearest(db):
+    image = "openai-images/gpt-image-1"
+    assert rates.worst_case(image, params={"quality": "low", "size": "1024x1024"}) == D("0.010880")
+    assert rates.worst_case(image, params={"quality": "auto", "size": "1024x1024"}) == D("0.166400")  # high, at most
+    assert rates.worst_case(image, params={}) == rates.worst_case(image) == D("0.249600")  # both default to auto
+    assert rates.worst_case(image, params={"quality": "low", "size": "1024x1024"}, input_tokens=1000) == D("0.015880")
+    # A value the table does not know is a mistake: the penalty tier reserves more, and nobody can price it.
+    assert rates.worst_case(image, params={"quality": "ultra"}) == rates.PENALTY_MEDIA_PER_UNIT
+    assert rates.cost_of("openai-images/dall-e-3", {"units": 1}, params={"quality": "ultra"}) is None
+    assert rates.cost_of("openai-images/dall-e-3", {"units": 1}, params={"quality": "hd", "size": "1792x1024"}) == D(
+        "0.120000")
+    assert rates.cost_of("fal/fal-ai/flux/dev", {"units": 3.2}, params={}) == D("0.025000")  # landscape_4_3
 
 
 def test_a_model_marked_free_costs_zero_and_only_it(db):
@@ -441,11 +459,16 @@ def test_the_admin_shows_spend_per_client_month_the_rate_card_and_each_attempts_
     client = client_with_cap("3.00")
     job = job_of(client, input={"prompt": "priced", "render_s": 0})
     run_media(job)
-    ModelPrice.objects.create(model="openai/gpt-4.1-mini", input_per_mtok_usd=D("0.5"), output_per_mtok_usd=D("2"))
+    # The rate card's override is edited on the model's own admin page (the Models page).
+    added = admin_client.post("/admin/executor/modelconfig/add/", {
+        "name": "openai/gpt-4.1-mini", "enabled": "on", "price_override": "on", "input_per_mtok_usd": "0.5",
+        "output_per_mtok_usd": "2"})
+    assert added.status_code == 302, added.content.decode()[:2000]
+    assert ModelPrice.objects.get(model="openai/gpt-4.1-mini").input_per_mtok_usd == D("0.5")
 
     months = admin_client.get("/admin/billing/budgetmonth/").content.decode()
     assert "0.400000" in months and "2.600000" in months  # spent, and the headroom under the $3 cap
-    card = admin_client.get("/admin/billing/modelprice/").content.decode()
-    assert "openai/gpt-4.1-mini" in card
+    card = admin_client.get("/admin/executor/modelconfig/").content.decode()
+    assert "openai/gpt-4.1-mini" in card and "$0.500000 in / $2.000000 out per Mtok" in card
     page = admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
     assert f"payonce-{job.id}-1" in page and "0.400000" in page and "quoted" in page

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.registry import input_problems, model_spec, provider_params
+from executor.registry import code_spec, input_problems, provider_params
 from jobs.models import Job
 from sandbox import catalog as sandbox_catalog
 from sandbox.server import ApiError, _render_params
@@ -22,7 +22,7 @@ SANDBOX_DIR = Path(__file__).resolve().parents[2] / "sandbox"
 
 
 def declared(model: str) -> dict:
-    return {param.name: param for param in model_spec(model).params}
+    return {param.name: param for param in code_spec(model).params}
 
 
 # --- the declaration matches what the sandbox reads and enforces ----------------------------------------
@@ -68,11 +68,11 @@ def test_only_render_s_is_tighter_than_the_sandbox_an_hour_as_the_api_always_had
 def test_text_and_replicate_models_declare_nothing_so_pass_through():
     for model in ("sandbox/llm", "anthropic/claude-sonnet-4-5", "openai/gpt-4o-mini", REPLICATE,
                   "replicate/stability-ai/sdxl:" + "a" * 64):
-        assert model_spec(model).params is None, model
+        assert code_spec(model).params is None, model
     assert input_problems([REPLICATE], {"prompt": "x", "seed": 7, "rendr_s": "anything"}) == {}
 
 
-def test_the_provider_params_are_every_key_but_prompt_and_references():
+def test_the_provider_params_are_every_key_but_prompt_and_references(db):
     job_input = {"prompt": "x", "references": [{"data": "AA==", "content_type": "image/png"}], "render_s": 0,
                  "seed": 7}
     assert provider_params(job_input) == {"render_s": 0, "seed": 7}

@@ -127,16 +127,16 @@ def test_a_key_may_have_expired_only_near_the_end_of_its_lifetime(age_s, ttl_s, 
     ("replicate/owner/model", 500, False), ("replicate/owner/model", 503, False),
 ])
 def test_adapters_declare_which_answers_are_unpaid(spec_name, status, unpaid):
-    from executor.registry import model_spec
+    from executor.registry import code_spec
 
-    assert model_spec(spec_name).capabilities.answered_unpaid(status) is unpaid
+    assert code_spec(spec_name).capabilities.answered_unpaid(status) is unpaid
 
 
 def test_keyed_models_declare_how_long_their_keys_live(settings):
     from executor.providers.base import DEFAULT_KEY_TTL_S
-    from executor.registry import model_spec
+    from executor.registry import code_spec
 
-    assert model_spec("sandbox/video-keyed").capabilities.key_ttl_s is None  # the sandbox: for ever
+    assert code_spec("sandbox/video-keyed").capabilities.key_ttl_s is None  # the sandbox: for ever
     assert DEFAULT_KEY_TTL_S == 86400.0  # a provider that documents none: a day
 
 

@@ -3,6 +3,7 @@ without a key, payonce refuses to start."""
 
 import subprocess
 import sys
+from decimal import Decimal as D
 
 import pytest
 
@@ -51,3 +52,39 @@ def test_a_replicate_job_runs_on_recorded_fixtures_with_real_providers_off(jobs_
     download = api.http.get(f"/v1/jobs/{job['id']}/output", headers=api.headers())
     assert b"".join(download.streaming_content).startswith(b"\x89PNG")
     assert ledger.calls() == []  # the sandbox was not involved, and no real provider was reached
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("model, params, content_type, cost", [
+    # fal's queue: submitted, polled, the result's image downloaded from fal's media host (recorded).
+    ("fal/fal-ai/flux/dev", {"image_size": "landscape_16_9", "num_images": 1}, "image/jpeg", "0.025000"),
+    # OpenAI's image generation: answered at once with the image in the body (base64), kept from the answer.
+    ("openai-images/gpt-image-1", {"quality": "medium", "size": "1024x1024"}, "image/png", None),
+])
+def test_a_fal_or_openai_image_job_runs_on_recorded_fixtures_with_real_providers_off(
+        jobs_worker, ledger, api, model, params, content_type, cost):
+    body = media_body(models=[model], input={"prompt": "a lighthouse at dusk", **params})
+    response = api.create(body, key=f"replay-{model}")
+    assert response.status_code == 201, response.content
+    job, _ = wait_for(api, response.json()["id"], {"succeeded", "failed", "waiting"})
+
+    assert job["status"] == "succeeded", job
+    [attempt] = job["attempts"]
+    assert (f"{attempt['provider']}/{attempt['model']}", attempt["state"]) == (model, "succeeded")
+    download = api.http.get(f"/v1/jobs/{job['id']}/output", headers=api.headers())
+    assert b"".join(download.streaming_content).startswith(b"\x89PNG")  # the replay's image
+    if cost is not None:  # priced by its parameters: fal's 16:9 landscape is one megapixel
+        assert attempt["cost_usd"] == cost, attempt
+    else:  # billed by the tokens its answer reports: the image's 1,056 at $40 and the prompt's at $5 per million
+        usage = attempt["usage"]
+        assert usage["output_tokens"] == 1056 and usage["input_tokens"] > 0, attempt
+        assert D(attempt["cost_usd"]) == (D(1056 * 40) + D(usage["input_tokens"] * 5)) / 1_000_000, attempt
+    assert ledger.calls() == []
+
+
+def test_a_fal_or_openai_image_job_with_a_parameter_they_do_not_take_is_refused_at_submit(api):
+    for model, wrong in (("fal/fal-ai/flux/dev", {"image_size": "huge"}), ("openai-images/gpt-image-1", {"n": 4}),
+                         ("openai-images/gpt-image-1", {"render_s": 1})):
+        response = api.create(media_body(models=[model], input={"prompt": "x", **wrong}))
+        assert response.status_code == 422, (model, wrong, response.content)
+        assert list(response.json()["error"]["fields"]["input"]) == list(wrong), response.json()

@@ -728,6 +728,8 @@ export interface operations {
                 content: {
                     "video/mp4": string;
                     "image/png": string;
+                    "image/jpeg": string;
+                    "image/webp": string;
                     "application/octet-stream": string;
                 };
             };

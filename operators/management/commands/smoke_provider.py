@@ -1,8 +1,10 @@
-"""One real, paid LLM call to check a provider's key and wiring (docs/design.md, "Real money is opt-in").
-One attempt, no retry; refuses without --i-will-spend-money, with REAL_PROVIDERS off, or with no key for the
-provider."""
+"""One real, paid call to check a provider's key and wiring (docs/design.md, "Real money is opt-in"): an LLM
+call (Anthropic, OpenAI), or the cheapest render a media provider sells (fal, OpenAI's images, Replicate),
+waited on to its end. One attempt, no retry; refuses without --i-will-spend-money, with REAL_PROVIDERS off,
+or with no key for the provider."""
 
 import json
+import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -13,13 +15,18 @@ from executor.providers.base import ProviderError
 from executor.registry import model_spec
 
 TEXT_PROVIDERS = ("anthropic", "openai")
+MEDIA_PROVIDERS = ("fal", "openai-images", "replicate")
+# The cheapest output each media provider's default models make: one small, low-quality image.
+SMOKE_PARAMS = {"fal": {"image_size": "square", "num_images": 1, "num_inference_steps": 4},
+                "openai-images": {"quality": "low", "size": "1024x1024"}, "replicate": {}}
+MEDIA_WAIT_S = 600.0
 
 
 class Command(BaseCommand):
-    help = "Make one real paid LLM call: smoke_provider PROVIDER MODEL --i-will-spend-money"
+    help = "Make one real paid call: smoke_provider PROVIDER MODEL --i-will-spend-money"
 
     def add_arguments(self, parser):
-        parser.add_argument("provider", choices=TEXT_PROVIDERS)
+        parser.add_argument("provider", choices=TEXT_PROVIDERS + MEDIA_PROVIDERS)
         parser.add_argument("model")
         parser.add_argument("--i-will-spend-money", action="store_true", dest="spend")
         parser.add_argument("--max-tokens", type=int, default=16)
@@ -34,6 +41,11 @@ class Command(BaseCommand):
             raise CommandError(f"{real.KEY_SETTINGS[provider]} is not set: there is no key to call {provider} with.")
         name = f"{provider}/{model}"
         spec = model_spec(name)
+        if provider in MEDIA_PROVIDERS:
+            if spec is None or spec.kind == "text":
+                raise CommandError(f"{name} is not a media model payonce knows.")
+            self.stdout.write(json.dumps(self._render(name, spec)))
+            return
         if spec is None or spec.kind != "text":
             raise CommandError(f"{name} is not a text model payonce knows.")
         adapter = provider_for(provider)
@@ -49,3 +61,27 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps({"model": name, "text": completion.text, "usage": usage,
                                       "cost_usd": str(cost) if cost is not None else None,
                                       "real_providers": settings.REAL_PROVIDERS}))
+
+    def _render(self, name: str, spec) -> dict:
+        """One render, polled to its end (at most MEDIA_WAIT_S): what the provider answered and what the rate
+        card makes of it. A lost answer is said plainly: the render may have been made and charged."""
+        adapter = provider_for(spec.provider)
+        params = dict(SMOKE_PARAMS[spec.provider])
+        try:
+            submitted = adapter.submit(spec.model, upstream_key="payonce-smoke-1", prompt="a red square",
+                                       params=params, metadata={}, inputs=[])
+            status, output, usage = submitted.status, submitted.output_url, submitted.usage
+            deadline = time.monotonic() + MEDIA_WAIT_S
+            while status == "running" and time.monotonic() < deadline:
+                time.sleep(2.0)
+                polled = adapter.poll(spec.model, submitted.upstream_id)
+                status, output, usage = polled.status, polled.output_url, polled.usage or usage
+        except ProviderError as exc:
+            unknown = " (the outcome is unknown: it may have been made and charged)" if exc.outcome_unknown else ""
+            raise CommandError(f"{name} answered {exc.kind}: {exc.message}{unknown}") from None
+        usage_dict = usage.as_dict() if usage else {}
+        cost = rates.cost_of(name, usage_dict, params=params)
+        return {"model": name, "upstream_id": submitted.upstream_id, "status": status,
+                "output": output or (f"{len(submitted.output)} bytes in the answer" if submitted.output else None),
+                "usage": usage_dict, "cost_usd": str(cost) if cost is not None else None,
+                "real_providers": settings.REAL_PROVIDERS}

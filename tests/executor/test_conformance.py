@@ -1,0 +1,1012 @@
+"""The provider conformance suite: every adapter through the same matrix of cases, so that what an answer
+means (docs/design.md, "Three kinds of failure") is the same whichever provider gave it.
+
+Each adapter has a *profile* below (`PROFILES`): how to provoke each case on it (which route to script
+with which recorded fixture, which fault to inject, which call to make) and what it should answer. What
+the adapter can do is never restated here: `capabilities_of` reads it from the registry as the code
+declares it (executor.registry.code_spec) or, for a model the registry does not name, from the adapter's
+own `capabilities`. The cases, one test function each, parametrized over the profiles:
+
+1. accepted: a 2xx to the submit (or complete) gives a Submission (Completion) with the upstream id;
+2. refused 4xx: a ProviderError of class invalid_input or refused, known, and unpaid by the capabilities;
+3. 429 with Retry-After: rate_limited, retry_after parsed, known, unpaid;
+4. every 5xx the adapter has an answer for: unpaid when the capabilities declare it, else unknown;
+5. a lost reply (the request arrived, the answer never came): network or timeout, unknown, sent;
+6. a paid failure: media, an accepted job whose poll says failed; text, a refusal in a 200 with its usage;
+7. lookup (where `capabilities.lookup`): one that finds, and one that proves absence (None);
+8. cancel (where `capabilities.cancel`): the call reaches its route and does not raise;
+9. callbacks (where `capabilities.callbacks`; the adapter's call then asks `executor.callbacks.callback_url`):
+   a signed callback verifies through `executor.callbacks.verify` and names the generation; a forged one
+   (its body changed after signing, or signed with another secret or key) is Refused;
+10. usage and price: the usage of the success answer, priced by `billing.rates.cost_of`, is the Decimal
+    worked out by hand below from the fixture's numbers and the provider's published price.
+
+A case that does not apply is skipped with the capability that rules it out, and
+`test_every_declared_capability_has_its_case` holds the profiles to the capabilities both ways (a
+declared capability without its case, or a case whose capability is gone, fails), so a capability can
+never silently lose its test. `test_the_checks_catch_a_*` break one adapter's error mapping and see the
+case's check fail: the suite is not vacuous.
+
+Where the answers come from:
+- the sandbox (four profiles, one per model: their capabilities differ) runs as its real process
+  (`python -m sandbox`, the session's `sandbox` fixture, reset per test by `ledger`); its answers are
+  provoked with its fault injection (`POST /control/faults`), and its ledger is the ground truth of what
+  was paid: a case that says "unpaid" also finds no charge, a lost reply finds the one it made;
+- the real providers (Anthropic, OpenAI chat, Replicate, fal, OpenAI images) answer from their recorded
+  fixtures (executor/providers/fixtures/) replayed over real HTTP by tests.support.replay_server, with
+  REAL_PROVIDERS on and every adapter pointed at it, as tests/executor/test_adapters.py does.
+
+No database: the prices are the rate card's defaults (billing.rates.DEFAULTS). The admin's overrides
+(rows of ModelPrice) are an operator's choice, not the published price, and are set aside here.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Callable
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from requests.structures import CaseInsensitiveDict
+from standardwebhooks.webhooks import Webhook
+
+from billing import rates
+from executor import callbacks, registry
+from executor.providers import fal, fal_webhooks, real
+from executor.providers.anthropic import AnthropicProvider
+from executor.providers.base import (
+    Capabilities,
+    Completion,
+    ErrorClass,
+    ProviderError,
+    Submission,
+    Usage,
+    classify_http_error,
+)
+from executor.providers.fal import FalProvider
+from executor.providers.openai_compat import OpenAICompatibleProvider
+from executor.providers.openai_images import OpenAIImagesProvider
+from executor.providers.replay import FIXTURES_DIR, fixture
+from executor.providers.replicate import ReplicateProvider
+from executor.providers.sandbox import SandboxProvider
+from sandbox import callbacks as sandbox_callbacks
+from sandbox.server import FAULT_ACTIONS
+from tests.support.replay_server import DROP, ReplayServer
+
+PROMPT = "a lighthouse at dusk"
+UPSTREAM_KEY = "payonce-3f1c2b9e-job-2"
+METADATA = {"payonce_job": "3f1c2b9e-job", "payonce_attempt": 2, "upstream_key": UPSTREAM_KEY}
+# An attempt nobody made: what a lookup must prove absent.
+ABSENT_KEY = "payonce-3f1c2b9e-job-9"
+ABSENT_METADATA = {"payonce_job": "3f1c2b9e-job", "payonce_attempt": 9, "upstream_key": ABSENT_KEY}
+SYSTEM = "You write market reports."
+MESSAGES = [{"role": "user", "content": "Write chapter 1"}]
+
+# The recorded answers' ids.
+ANTHROPIC_MESSAGE_ID = "msg_01Hk9zQyR3bVnE8sPjGx4fT2"  # anthropic/message
+OPENAI_COMPLETION_ID = "chatcmpl-BqR2xKcV8nZ3pLw0aJ5mYtE7uH1sD"  # openai/chat_completion
+OPENAI_IMAGE_REQUEST_ID = "req_5c1e9a7f3b2d4e6a8c0f1b3d5e7a9c2b"  # openai/images_generation's x-request-id
+PREDICTION_ID = "qxm7r9k2anrj00cmd5kb3ce1tc"  # replicate/prediction_*
+FAL_REQUEST_ID = "764cabcf-b745-4b3e-ae38-1200304cf45b"  # fal/submit_accepted
+FAL_REQUESTS = f"/fal-ai/flux/requests/{FAL_REQUEST_ID}"  # status, result and cancel: the app id, no /dev
+FLUX_SCHNELL = "black-forest-labs/flux-schnell"
+FLUX_DEV = "fal-ai/flux/dev"
+JWKS_PATH = "/.well-known/jwks.json"
+# Replicate's listing (newest first) holds our prediction, created 2025-06-12T09:41:07.512Z, on page 2.
+REPLICATE_SUBMITTED_AT = datetime.fromisoformat("2025-06-12T09:41:07.300Z").timestamp()
+
+
+# -- what a profile says ------------------------------------------------------------------------------
+#
+# An *answer* to a route is what the backend is told to answer with: for the replayed providers a fixture
+# name, a `{"status", "headers", "body"}` dict or DROP (tests.support.replay_server); for the sandbox a
+# fault (`{"action": ..., ...}`, docs/sandbox.md "Faults", the model filled in), or None: no fault, the
+# sandbox answers by itself. A *script* is `(method, path, answer, ...)` for a route other than the submit
+# (a poll, a listing): the replayed providers only, the sandbox answers those by itself.
+
+
+@dataclass(frozen=True)
+class Refusal:
+    label: str
+    answer: object
+    kind: str  # invalid_input or refused
+    words: str  # the provider's own words, kept in the message
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    answer: object
+    retry_after: float  # what its Retry-After says, in seconds
+
+
+@dataclass(frozen=True)
+class PaidFailure:
+    label: str
+    submit: object  # the answer to the submit (media: an acceptance; text: the 200 that refuses)
+    then: tuple = ()  # scripts for the poll (media)
+    params: dict | None = None  # the submit's params, when not the profile's
+    error: str = ""  # media: the poll's error, exactly; text: words the error's message holds
+    error_class: str | None = None  # media: PollResult.error_class
+    usage: Usage | None = None  # text: the usage the refusal carries (it was paid for)
+
+
+@dataclass(frozen=True)
+class LookupCase:
+    route: tuple[str, str]  # where the search goes
+    found: tuple = ()  # scripts before the lookup that finds
+    absent: tuple = ()  # scripts before the lookup that proves absence
+    found_id: str | None = None  # None: the id of a submit made first (the sandbox)
+    submitted_at: float | None = None  # None: now
+
+
+@dataclass(frozen=True)
+class CancelCase:
+    route: tuple[str, str]  # method, path with {id}
+    answers: tuple = ()  # the cancel route's answers (replayed providers)
+    upstream_id: str | None = None  # None: cancel a render submitted first (the sandbox)
+    params: dict | None = None  # that render's params
+
+
+@dataclass(frozen=True)
+class PriceCase:
+    label: str
+    # Worked out by hand from the fixture's (or the sandbox's) numbers and the published price.
+    expected: Decimal
+    submit: object = None  # the answer to the submit
+    then: tuple = ()  # scripts for the poll whose usage is priced (asynchronous media)
+    model: str | None = None  # when not the profile's
+    params: dict | None = None  # the call's params, and what cost_of is given
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A callback as the provider sends it, the generation it names, and forgeries of it."""
+
+    body: bytes
+    headers: CaseInsensitiveDict
+    generation_id: str
+    forgeries: tuple  # (label, body, headers)
+
+
+@dataclass(frozen=True)
+class Profile:
+    id: str
+    adapter: type
+    model: str
+    kind: str  # "media" (submit) or "text" (complete)
+    backend: str  # "replay" or "sandbox"
+    route: tuple[str, str]  # the submit (complete) route
+    accepted: object  # the answer that accepts
+    accepted_id: str | None  # the upstream id it carries (None: the sandbox's, read from its ledger)
+    refusals: tuple[Refusal, ...]
+    rate_limit: RateLimit
+    server_errors: dict  # status -> answer: every 5xx the adapter has an answer for
+    lost: object  # the answer that loses the reply after the request arrived
+    paid_failures: tuple[PaidFailure, ...] = ()
+    no_paid_failure: str = ""  # why there is none, when no capability says so
+    lookup: LookupCase | None = None
+    cancel: CancelCase | None = None
+    callback: Callable | None = None  # (profile, harness) -> Delivery
+    prices: tuple[PriceCase, ...] = ()
+    params: dict = field(default_factory=dict)
+    max_tokens: int = 8000
+    # The recorded error answers of the submit route (executor/providers/fixtures/<prefix><status>_*.json):
+    # every 5xx among them must be in `server_errors`. None: the sandbox, whose 5xx are its status_5xx faults.
+    fixtures: str | None = None
+
+    @property
+    def provider(self) -> str:
+        return self.adapter.name
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def capabilities_of(profile: Profile) -> Capabilities:
+    """What the code declares for this model: the registry's entry as the code states it (the models file
+    and the admin's rows are an operator's changes, not the adapter's declaration), else the adapter's own
+    `capabilities`."""
+    spec = registry_spec(profile)
+    if spec is not None:
+        return spec.capabilities
+    declared = getattr(profile.adapter, "capabilities", None)
+    assert isinstance(declared, Capabilities), (
+        f"{profile.id}: neither the registry nor the adapter declares its capabilities")
+    return declared
+
+
+def registry_spec(profile: Profile):
+    name = f"{profile.provider}/{profile.model}"
+    code_spec = getattr(registry, "code_spec", None)  # the code's layer alone: no database
+    return code_spec(name) if code_spec is not None else registry.model_spec(name)
+
+
+# -- the backends -------------------------------------------------------------------------------------
+
+
+class ReplayHarness:
+    """A real provider's adapter pointed at a ReplayServer."""
+
+    backend = "replay"
+
+    def __init__(self, server: ReplayServer, settings):
+        self.server = server
+        self.settings = settings
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def answer(self, profile: Profile, *answers) -> None:
+        self.server.script(*profile.route, *answers)
+
+    def script(self, method: str, path: str, *answers) -> None:
+        self.server.script(method, path, *answers)
+
+    def hits(self, method: str, path: str) -> int:
+        return len(self.server.received(method, path))
+
+    def charges(self) -> list[dict] | None:
+        return None  # nobody keeps a ledger of a recording
+
+
+class SandboxHarness:
+    """The sandbox's real process, answering by itself or with a fault; its ledger says what was paid."""
+
+    backend = "sandbox"
+
+    def __init__(self, process, settings):
+        self.process = process
+        self.settings = settings
+
+    def answer(self, profile: Profile, *answers) -> None:
+        faults = [{"model": profile.model, **answer} for answer in answers if answer is not None]
+        if faults:
+            self.process.faults(faults)
+
+    def script(self, method: str, path: str, *answers) -> None:
+        raise AssertionError(f"the sandbox is not scripted ({method} {path}): it answers by itself")
+
+    def hits(self, method: str, path: str) -> int:
+        return sum(1 for call in self.process.calls() if (call["method"], call["path"]) == (method, path))
+
+    def charges(self) -> list[dict] | None:
+        return self.process.ledger()["charges"]
+
+
+@pytest.fixture
+def harness(profile, settings, request):
+    settings.PROVIDER_CALLBACK_BASE_URL = "off"  # a case that wants callbacks turns them on
+    if profile.backend == "sandbox":
+        process = request.getfixturevalue("ledger")  # the session's sandbox process, reset
+        settings.REAL_PROVIDERS = False  # the sandbox rings only while real providers are off
+        yield SandboxHarness(process, settings)
+        return
+    with ReplayServer() as server:
+        settings.REAL_PROVIDERS = True
+        settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
+        settings.ANTHROPIC_BASE_URL = server.url
+        settings.OPENAI_API_KEY = "sk-proj-test-key"
+        settings.OPENAI_BASE_URL = server.url + "/v1"
+        settings.REPLICATE_API_TOKEN = "r8_test_token"
+        settings.REPLICATE_BASE_URL = server.url
+        settings.FAL_KEY = "fal-key-id:fal-key-secret"
+        settings.FAL_BASE_URL = server.url
+        fal_webhooks._jwks_cache.clear()
+        yield ReplayHarness(server, settings)
+        fal_webhooks._jwks_cache.clear()
+        assert server.unexpected == [], f"requests nothing was scripted for: {server.unexpected}"
+
+
+# -- calls ----------------------------------------------------------------------------------------------
+
+
+def call(profile: Profile, *, model: str | None = None, params: dict | None = None):
+    """The profile's submit (media) or complete (text), on a fresh adapter."""
+    adapter = profile.adapter()
+    model = model or profile.model
+    if profile.kind == "text":
+        return adapter.complete(model, system=SYSTEM, messages=MESSAGES, max_tokens=profile.max_tokens,
+                                upstream_key=UPSTREAM_KEY, metadata=METADATA)
+    return adapter.submit(model, upstream_key=UPSTREAM_KEY, prompt=PROMPT,
+                          params=dict(profile.params if params is None else params), metadata=METADATA, inputs=[])
+
+
+def provoke(profile: Profile, h, answer) -> ProviderError:
+    """The error the profile's call raises when the submit route answers `answer`."""
+    h.answer(profile, answer)
+    try:
+        result = call(profile)
+    except ProviderError as exc:
+        return exc
+    raise AssertionError(f"{profile.id}: answered {result!r} where a ProviderError was due")
+
+
+def run_scripts(h, scripts) -> None:
+    for method, path, *answers in scripts:
+        h.script(method, path, *answers)
+
+
+def charged(h) -> int | None:
+    charges = h.charges()
+    return None if charges is None else len(charges)
+
+
+# -- the checks (plain functions: the mutation tests call them too) --------------------------------------
+
+
+def check_accepted(profile: Profile, h) -> None:
+    h.answer(profile, profile.accepted)
+    result = call(profile)
+
+    assert isinstance(result, Completion if profile.kind == "text" else Submission), result
+    assert result.upstream_id, f"{profile.id}: an acceptance without an upstream id"
+    if profile.kind == "media":
+        assert result.status in ("running", "succeeded"), result.status
+    if profile.accepted_id is not None:
+        assert result.upstream_id == profile.accepted_id
+    else:  # the sandbox: the generation (or message) it charged
+        assert [charge["generation_id"] for charge in h.charges()] == [result.upstream_id]
+    assert h.hits(*profile.route) == 1, f"{profile.id}: the call did not go out to {profile.route} once"
+
+
+def check_refused(profile: Profile, h, refusal: Refusal) -> None:
+    caps = capabilities_of(profile)
+    exc = provoke(profile, h, refusal.answer)
+
+    assert exc.status is not None and 400 <= exc.status < 500, exc.status
+    assert exc.outcome_unknown is False, f"{profile.id}: a {exc.status} refusal must be a known outcome"
+    assert exc.never_sent is False
+    assert caps.answered_unpaid(exc.status), f"{profile.id}: a {exc.status} refusal must be unpaid"
+    assert exc.kind in (ErrorClass.INVALID_INPUT, ErrorClass.REFUSED), exc.kind
+    assert exc.kind == refusal.kind, f"{profile.id}: {refusal.label} classed {exc.kind}, not {refusal.kind}"
+    assert refusal.words in exc.message, f"{profile.id}: the provider's words are lost: {exc.message!r}"
+    assert charged(h) in (None, 0), f"{profile.id}: the sandbox charged a refusal"
+
+
+def check_rate_limited(profile: Profile, h) -> None:
+    caps = capabilities_of(profile)
+    exc = provoke(profile, h, profile.rate_limit.answer)
+
+    assert (exc.kind, exc.status) == (ErrorClass.RATE_LIMITED, 429), (exc.kind, exc.status)
+    assert exc.retry_after == profile.rate_limit.retry_after, f"{profile.id}: retry_after {exc.retry_after}"
+    assert exc.outcome_unknown is False, f"{profile.id}: a 429 must be a known outcome"
+    assert caps.answered_unpaid(exc.status), f"{profile.id}: a 429 must be unpaid"
+    assert charged(h) in (None, 0), f"{profile.id}: the sandbox charged a 429"
+
+
+def check_server_error(profile: Profile, h, status: int) -> None:
+    caps = capabilities_of(profile)
+    exc = provoke(profile, h, profile.server_errors[status])
+
+    assert exc.status == status, exc.status
+    assert exc.kind in (ErrorClass.SERVER_ERROR, ErrorClass.TIMEOUT), exc.kind
+    if status in caps.unpaid_statuses:
+        assert caps.answered_unpaid(exc.status), f"{profile.id}: a declared unpaid {status} must be unpaid"
+        assert charged(h) in (None, 0), f"{profile.id}: the sandbox declares {status} unpaid, yet charged it"
+    else:
+        assert exc.outcome_unknown is True, (
+            f"{profile.id}: a {status} not declared unpaid must be an unknown outcome (it may have been accepted)")
+        assert not caps.answered_unpaid(exc.status), f"{profile.id}: a {status} not declared unpaid is unpaid"
+
+
+def check_lost_reply(profile: Profile, h) -> None:
+    caps = capabilities_of(profile)
+    exc = provoke(profile, h, profile.lost)
+
+    assert exc.kind in (ErrorClass.NETWORK, ErrorClass.TIMEOUT), exc.kind
+    assert exc.outcome_unknown is True, (
+        f"{profile.id}: a lost reply must be an unknown outcome (the request arrived: it may have been charged)")
+    assert exc.never_sent is False, f"{profile.id}: the request arrived; it was sent"
+    assert not caps.answered_unpaid(exc.status), f"{profile.id}: a lost reply counted as an unpaid answer"
+    assert charged(h) in (None, 1), f"{profile.id}: the sandbox should have charged the dropped submit once"
+
+
+def check_paid_failure(profile: Profile, h, failure: PaidFailure) -> None:
+    caps = capabilities_of(profile)
+    if profile.kind == "text":
+        exc = provoke(profile, h, failure.submit)
+        assert exc.kind == ErrorClass.REFUSED, exc.kind
+        assert exc.status is not None and 200 <= exc.status < 300, f"{profile.id}: a refusal in a 200, not {exc.status}"
+        assert exc.outcome_unknown is False
+        assert not caps.answered_unpaid(exc.status), f"{profile.id}: an answered 200 is paid"
+        assert getattr(exc, "usage", None) == failure.usage, f"{profile.id}: the paid usage is lost"
+        assert failure.error in exc.message, exc.message
+        return
+
+    h.answer(profile, failure.submit)
+    run_scripts(h, failure.then)
+    submission = call(profile, params=failure.params)
+    polled = profile.adapter().poll(profile.model, submission.upstream_id)
+
+    assert (polled.status, polled.terminal) == ("failed", True), polled.status
+    assert polled.error == failure.error, f"{profile.id}: the provider's words: {polled.error!r}"
+    assert polled.error_class == failure.error_class, polled.error_class
+    assert charged(h) in (None, 1), f"{profile.id}: the sandbox should have charged the failed render"
+
+
+def check_lookup(profile: Profile, h) -> None:
+    case = profile.lookup
+    adapter = profile.adapter()
+    submitted_at = case.submitted_at if case.submitted_at is not None else time.time()
+    if case.found_id is None:
+        h.answer(profile, profile.accepted)
+        found_id = call(profile).upstream_id
+    else:
+        found_id = case.found_id
+
+    run_scripts(h, case.found)
+    found = adapter.lookup(profile.model, upstream_key=UPSTREAM_KEY, metadata=METADATA, prompt=PROMPT,
+                           params=dict(profile.params), submitted_at=submitted_at)
+    assert isinstance(found, Submission), f"{profile.id}: the earlier submission was not found: {found!r}"
+    assert found.upstream_id == found_id
+
+    run_scripts(h, case.absent)
+    absent = adapter.lookup(profile.model, upstream_key=ABSENT_KEY, metadata=ABSENT_METADATA, prompt=PROMPT,
+                            params=dict(profile.params), submitted_at=submitted_at)
+    assert absent is None, f"{profile.id}: proven absence must be None, not {absent!r}"
+    assert h.hits(*case.route) >= 2, f"{profile.id}: the lookups did not search {case.route}"
+
+
+def check_cancel(profile: Profile, h) -> None:
+    case = profile.cancel
+    if case.upstream_id is None:
+        h.answer(profile, profile.accepted)
+        upstream_id = call(profile, params=case.params).upstream_id
+    else:
+        upstream_id = case.upstream_id
+    method, path = case.route[0], case.route[1].format(id=upstream_id)
+    if case.answers:
+        h.script(method, path, *case.answers)
+
+    assert profile.adapter().cancel(profile.model, upstream_id) is None
+    assert h.hits(method, path) == 1, f"{profile.id}: the cancel did not go out to {method} {path}"
+
+
+def check_callbacks(profile: Profile, h) -> None:
+    delivery = profile.callback(profile, h)
+    try:
+        message_id, generation = callbacks.verify(profile.provider, delivery.body, delivery.headers)
+    except callbacks.Refused as refused:
+        raise AssertionError(f"{profile.id}: a correctly signed callback was refused: {refused.answer}") from None
+    assert generation == delivery.generation_id
+    assert isinstance(message_id, str) and message_id
+    for label, body, headers in delivery.forgeries:
+        try:
+            callbacks.verify(profile.provider, body, headers)
+        except callbacks.Refused:
+            continue
+        raise AssertionError(f"{profile.id}: a callback {label} was taken")
+
+
+def check_price(profile: Profile, h, case: PriceCase) -> None:
+    model = case.model or profile.model
+    params = None if profile.kind == "text" else dict(profile.params if case.params is None else case.params)
+    h.answer(profile, case.submit)
+    run_scripts(h, case.then)
+    result = call(profile, model=model, params=params)
+    usage = result.usage
+    if profile.kind == "media" and case.then:  # asynchronous: the usage comes with the finished render
+        usage = profile.adapter().poll(model, result.upstream_id).usage
+
+    cost = rates.cost_of(f"{profile.provider}/{model}", usage.as_dict() if usage else {}, params=params)
+
+    assert cost == case.expected, f"{profile.id} {case.label}: priced {cost}, not {case.expected}"
+    charges = h.charges()
+    if charges is not None:  # the sandbox's own price, to the cent
+        assert Decimal(charges[-1]["amount_usd"]) == case.expected, charges[-1]
+
+
+# -- callbacks as each provider sends them ------------------------------------------------------------
+
+
+def whsec(seed: bytes) -> str:
+    return "whsec_" + base64.b64encode(hashlib.sha256(seed).digest()).decode()
+
+
+def standard_webhook(secret: str, message_id: str, body: bytes) -> CaseInsensitiveDict:
+    at = datetime.now(timezone.utc)
+    return CaseInsensitiveDict({"content-type": "application/json", "webhook-id": message_id,
+                                "webhook-timestamp": str(int(at.timestamp())),
+                                "webhook-signature": Webhook(secret).sign(message_id, at, body.decode())})
+
+
+def changed(body: bytes, old: bytes, new: bytes) -> bytes:
+    forged = body.replace(old, new, 1)
+    assert forged != body, f"nothing to change: {old!r} is not in the body"
+    return forged
+
+
+def sandbox_callback(profile: Profile, h) -> Delivery:
+    """The sandbox's own callback: a render submitted with a callback URL, called back by the process when
+    it ends, caught by a ReplayServer standing for payonce's web process."""
+    with ReplayServer() as receiver:
+        receiver.script("POST", "/v1/callbacks/sandbox", {"status": 204, "headers": {}, "body": ""})
+        h.settings.PROVIDER_CALLBACK_BASE_URL = receiver.url
+        h.settings.SANDBOX_CALLBACK_SECRET = sandbox_callbacks.secret()  # what the process signs with
+        submission = call(profile, params={"render_s": 0.2})
+        deadline = time.monotonic() + 10
+        while not receiver.requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert receiver.requests, f"{profile.id}: the sandbox never called back"
+        [sent] = receiver.requests
+    headers = CaseInsensitiveDict(sent.headers)
+    return Delivery(sent.body, headers, submission.upstream_id, forgeries=(
+        ("whose body was changed after signing", changed(sent.body, b'"succeeded"', b'"failed"'), headers),
+        ("signed with another secret", sent.body,
+         standard_webhook(whsec(b"not the sandbox's"), headers["webhook-id"], sent.body)),
+    ))
+
+
+def replicate_callback(profile: Profile, h) -> Delivery:
+    """Replicate's webhook: the prediction, signed per Standard Webhooks with the account's secret."""
+    secret = whsec(b"replicate webhook secret")
+    h.settings.REPLICATE_WEBHOOK_SECRET = secret
+    body = json.dumps(fixture("replicate/prediction_succeeded")["body"]).encode()
+    message_id = "msg_2yQpY8n1c7cVZk3dLw0tE5rX9bN"
+    return Delivery(body, standard_webhook(secret, message_id, body), PREDICTION_ID, forgeries=(
+        ("whose body was changed after signing", changed(body, b'"succeeded"', b'"failed"'),
+         standard_webhook(secret, message_id, body)),
+        ("signed with another secret", body, standard_webhook(whsec(b"someone else"), message_id, body)),
+    ))
+
+
+def ed25519_key() -> tuple[Ed25519PrivateKey, dict]:
+    private = Ed25519PrivateKey.generate()
+    raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return private, {"kty": "OKP", "crv": "Ed25519", "x": base64.urlsafe_b64encode(raw).rstrip(b"=").decode(),
+                     "kid": "conformance", "use": "sig", "alg": "EdDSA"}
+
+
+def fal_signed(private: Ed25519PrivateKey, body: bytes, request_id: str) -> CaseInsensitiveDict:
+    """fal's webhook headers: request id, user id, timestamp and the body's SHA-256, signed with Ed25519."""
+    user_id, timestamp = "user_2fK8mQ4xLz9RnT1vB7cW3yH6pD0", str(int(time.time()))
+    message = "\n".join((request_id, user_id, timestamp, hashlib.sha256(body).hexdigest())).encode()
+    return CaseInsensitiveDict({"content-type": "application/json", "x-fal-webhook-request-id": request_id,
+                                "x-fal-webhook-user-id": user_id, "x-fal-webhook-timestamp": timestamp,
+                                "x-fal-webhook-signature": private.sign(message).hex()})
+
+
+def fal_callback(profile: Profile, h) -> Delivery:
+    """fal's webhook, signed by a key of ours that the ReplayServer publishes as fal's JWKS."""
+    private, jwk = ed25519_key()
+    stranger, _ = ed25519_key()
+    published = {"status": 200, "headers": {"content-type": "application/json"}, "body": {"keys": [jwk]}}
+    h.script("GET", JWKS_PATH, *[published] * 3)  # fetched once and kept; a refresh is allowed for
+    h.settings.FAL_WEBHOOK_JWKS_URL = h.url + JWKS_PATH
+    fal_webhooks._jwks_cache.clear()
+    body = json.dumps(fixture("fal/webhook_ok")["body"]).encode()
+    return Delivery(body, fal_signed(private, body, FAL_REQUEST_ID), FAL_REQUEST_ID, forgeries=(
+        ("whose body was changed after signing", changed(body, b'"OK"', b'"ERROR"'),
+         fal_signed(private, body, FAL_REQUEST_ID)),
+        ("signed by a key fal does not publish", body, fal_signed(stranger, body, FAL_REQUEST_ID)),
+    ))
+
+
+# -- the profiles -------------------------------------------------------------------------------------
+
+def replicate_page_2_without_ours() -> dict:
+    """The listing's page 2 without our prediction: its next one (09:38:40) is older than the submit."""
+    page = fixture("replicate/predictions_page_2")
+    page["body"]["results"] = [p for p in page["body"]["results"] if p["id"] != PREDICTION_ID]
+    assert page["body"]["next"]  # a page 3 exists: only reaching an older prediction may end the search
+    return page
+
+
+def sandbox_profile(model: str, **cases) -> Profile:
+    text = model == "llm"
+    return Profile(
+        id=f"sandbox/{model}",
+        adapter=SandboxProvider,
+        model=model,
+        kind="text" if text else "media",
+        backend="sandbox",
+        route=("POST", "/v1/messages" if text else "/v1/generations"),
+        accepted=None,
+        accepted_id=None,
+        refusals=(
+            Refusal("400", {"action": "status_400"}, ErrorClass.INVALID_INPUT, "the request is not valid"),
+            Refusal("422", {"action": "status_422"}, ErrorClass.INVALID_INPUT, "duration_secs must be 8"),
+            Refusal("400-refused", {"action": "refuse"}, ErrorClass.REFUSED, "refused by the content policy"),
+        ),
+        rate_limit=RateLimit({"action": "status_429", "seconds": 7}, 7.0),
+        server_errors={500: {"action": "status_500"}, 503: {"action": "status_503"}},
+        lost={"action": "accept_then_drop"},
+        params={} if text else {"render_s": 1},
+        max_tokens=8,
+        **cases,
+    )
+
+
+def sandbox_render_cases(model: str, price: str) -> dict:
+    return dict(
+        paid_failures=(PaidFailure("fail_render", {"action": "fail_render", "message": "the render farm caught fire"},
+                                   params={"render_s": 0}, error="the render farm caught fire"),),
+        callback=sandbox_callback,
+        # The sandbox's catalog: a render or an image is one unit at its price, which its ledger charges.
+        prices=(PriceCase(model, Decimal(price)),),
+    )
+
+
+PROFILES = (
+    sandbox_profile(
+        "video-keyed",
+        cancel=CancelCase(("POST", "/v1/generations/{id}/cancel"), params={"render_s": 30}),
+        # $0.40 per render (sandbox/catalog.py).
+        **sandbox_render_cases("video-keyed", "0.400000"),
+    ),
+    sandbox_profile(
+        "image-lookup",
+        lookup=LookupCase(("GET", "/v1/generations")),
+        # $0.04 per image.
+        **sandbox_render_cases("image-lookup", "0.040000"),
+    ),
+    sandbox_profile("image-blind", **sandbox_render_cases("image-blind", "0.040000")),
+    sandbox_profile(
+        "llm",
+        no_paid_failure="the sandbox's LLM never refuses inside a 200 (its one paid failure, the `empty` fault, "
+                        "is an answer the adapter returns and the chapter step fails)",
+        # input: ceil((len("You write market reports.") 25 + len("Write chapter 1") 15) / 4) = 10 tokens;
+        # output: cut at max_tokens 8 -> 8 tokens. $3 and $15 per million (sandbox/catalog.py):
+        # 10 * 3 + 8 * 15 = 150 -> $0.000150.
+        prices=(PriceCase("llm", Decimal("0.000150")),),
+    ),
+    Profile(
+        id="anthropic",
+        fixtures="anthropic/error_",
+        adapter=AnthropicProvider,
+        model="claude-sonnet-4-5",
+        kind="text",
+        backend="replay",
+        route=("POST", "/v1/messages"),
+        accepted="anthropic/message",
+        accepted_id=ANTHROPIC_MESSAGE_ID,
+        refusals=(Refusal("400", "anthropic/error_400_invalid_request", ErrorClass.INVALID_INPUT,
+                          "max_tokens: 200000 > 64000"),),
+        rate_limit=RateLimit("anthropic/error_429_rate_limit", 17.0),
+        server_errors={500: "anthropic/error_500_api", 529: "anthropic/error_529_overloaded"},
+        lost=DROP,
+        paid_failures=(PaidFailure("200-refusal", "anthropic/message_refusal",
+                                   error="the model refused to answer (stop_reason: refusal)",
+                                   usage=Usage(input_tokens=38, output_tokens=5)),),
+        # anthropic/message answers claude-sonnet-4-5-20250929 (priced as claude-sonnet-4-5: $3 input, $15
+        # output, $3.75 cache write, $0.30 cache read per million; anthropic.com/pricing, 2026-11):
+        # 21 * 3 + 412 * 15 + 1,870 * 3.75 + 3,054 * 0.30 = 63 + 6,180 + 7,012.5 + 916.2 = 14,171.7
+        # -> $0.0141717, kept to the micro-dollar (half up) as the card keeps it: $0.014172.
+        prices=(PriceCase("message", Decimal("0.014172"), submit="anthropic/message"),),
+    ),
+    Profile(
+        id="openai",
+        fixtures="openai/error_",
+        adapter=OpenAICompatibleProvider,
+        model="gpt-4.1-mini",
+        kind="text",
+        backend="replay",
+        route=("POST", "/v1/chat/completions"),
+        accepted="openai/chat_completion",
+        accepted_id=OPENAI_COMPLETION_ID,
+        refusals=(
+            Refusal("400", "openai/error_400_invalid_request", ErrorClass.INVALID_INPUT, "max_tokens is too large"),
+            Refusal("400-content-policy", "openai/error_400_content_policy", ErrorClass.REFUSED,
+                    "rejected as a result of our safety system"),
+        ),
+        rate_limit=RateLimit("openai/error_429_rate_limit", 2.0),
+        server_errors={500: "openai/error_500_server"},
+        lost=DROP,
+        paid_failures=(PaidFailure("200-content-filter", "openai/chat_completion_content_filter",
+                                   error="finish_reason: content_filter", usage=Usage(input_tokens=57)),),
+        # openai/chat_completion answers gpt-4.1-mini-2025-04-14 (priced as gpt-4.1-mini: $0.40 input, $1.60
+        # output, $0.10 cached input per million; openai.com/api/pricing, 2026-11). prompt_tokens 2,306
+        # include 1,920 cached: 386 * 0.40 + 301 * 1.60 + 1,920 * 0.10 = 154.4 + 481.6 + 192 = 828 -> $0.000828.
+        prices=(PriceCase("chat completion", Decimal("0.000828"), submit="openai/chat_completion"),),
+    ),
+    Profile(
+        id="replicate",
+        fixtures="replicate/error_",
+        adapter=ReplicateProvider,
+        model=FLUX_SCHNELL,
+        kind="media",
+        backend="replay",
+        route=("POST", f"/v1/models/{FLUX_SCHNELL}/predictions"),
+        accepted="replicate/prediction_starting",
+        accepted_id=PREDICTION_ID,
+        refusals=(Refusal("422", "replicate/error_422_invalid_input", ErrorClass.INVALID_INPUT,
+                          "aspect_ratio must be one of"),),
+        rate_limit=RateLimit("replicate/error_429_throttled", 6.0),
+        server_errors={500: "replicate/error_500_internal"},
+        lost=DROP,
+        paid_failures=(PaidFailure(
+            "nsfw", "replicate/prediction_starting",
+            then=(("GET", f"/v1/predictions/{PREDICTION_ID}", "replicate/prediction_failed_nsfw"),),
+            error="NSFW content detected. Try running it again, or try a different prompt.",
+            error_class=ErrorClass.REFUSED),),
+        # The listing (predictions_page_1, _2) holds our prediction on page 2; without it, page 2 reaches a
+        # prediction older than the submit: absence proven.
+        lookup=LookupCase(
+            ("GET", "/v1/predictions"),
+            found=(("GET", "/v1/predictions", "replicate/predictions_page_1", "replicate/predictions_page_2"),),
+            absent=(("GET", "/v1/predictions", "replicate/predictions_page_1", replicate_page_2_without_ours()),),
+            found_id=PREDICTION_ID,
+            submitted_at=REPLICATE_SUBMITTED_AT,
+        ),
+        cancel=CancelCase(("POST", "/v1/predictions/{id}/cancel"), answers=("replicate/prediction_canceled",),
+                          upstream_id=PREDICTION_ID),
+        callback=replicate_callback,
+        # flux-schnell is priced per output image: $3 per thousand (replicate.com/black-forest-labs/
+        # flux-schnell); prediction_succeeded made one (metrics.image_count 1): $0.003. Its predict_time
+        # (0.712843 s) is not what it is billed by.
+        prices=(PriceCase("one image", Decimal("0.003000"), submit="replicate/prediction_starting",
+                          then=(("GET", f"/v1/predictions/{PREDICTION_ID}", "replicate/prediction_succeeded"),)),),
+        params={"aspect_ratio": "16:9", "output_format": "png"},
+    ),
+    Profile(
+        id="fal",
+        fixtures="fal/error_",
+        adapter=FalProvider,
+        model=FLUX_DEV,
+        kind="media",
+        backend="replay",
+        route=("POST", f"/{FLUX_DEV}"),
+        accepted="fal/submit_accepted",
+        accepted_id=FAL_REQUEST_ID,
+        refusals=(
+            Refusal("422", "fal/error_422_validation", ErrorClass.INVALID_INPUT, "prompt: Field required"),
+            Refusal("422-content-policy", "fal/result_error_422_content_policy", ErrorClass.REFUSED,
+                    "flagged by a content checker"),
+        ),
+        rate_limit=RateLimit("fal/error_429_rate_limited", 12.0),
+        server_errors={500: "fal/error_500_internal", 502: "fal/error_502_ingress", 503: "fal/error_503_unavailable",
+                       504: "fal/error_504_timeout"},
+        lost=DROP,
+        paid_failures=(
+            PaidFailure("nsfw-flagged", "fal/submit_accepted",
+                        then=(("GET", f"{FAL_REQUESTS}/status", "fal/status_completed"),
+                              ("GET", FAL_REQUESTS, "fal/result_flux_dev_nsfw")),
+                        error="the image was flagged by fal's safety checker (has_nsfw_concepts)",
+                        error_class=ErrorClass.REFUSED),
+            PaidFailure("422-content-policy", "fal/submit_accepted",
+                        then=(("GET", f"{FAL_REQUESTS}/status", "fal/status_completed_unprocessable"),
+                              ("GET", FAL_REQUESTS, "fal/result_error_422_content_policy")),
+                        error="prompt: The content was flagged by a content checker.",
+                        error_class=ErrorClass.REFUSED),
+        ),
+        cancel=CancelCase(("PUT", f"{FAL_REQUESTS}/cancel"), answers=("fal/cancel_requested",),
+                          upstream_id=FAL_REQUEST_ID),
+        callback=fal_callback,
+        # FLUX.1 [dev] on fal: $0.025 per megapixel, an image rounded up to the next megapixel
+        # (fal.ai/models/fal-ai/flux/dev). result_flux_dev is 1024 x 768 = 786,432 px = 0.79 MP -> 1 MP:
+        # $0.025. Its inference_time (2.1843 s) is not what it is billed by.
+        prices=(PriceCase("one image, landscape_4_3", Decimal("0.025000"), submit="fal/submit_accepted",
+                          then=(("GET", f"{FAL_REQUESTS}/status", "fal/status_completed"),
+                                ("GET", FAL_REQUESTS, "fal/result_flux_dev"))),),
+        params={"image_size": "landscape_4_3", "num_images": 1},
+    ),
+    Profile(
+        id="openai-images",
+        fixtures="openai/images_error_",
+        adapter=OpenAIImagesProvider,
+        model="gpt-image-1",
+        kind="media",
+        backend="replay",
+        route=("POST", "/v1/images/generations"),
+        accepted="openai/images_generation",
+        accepted_id=OPENAI_IMAGE_REQUEST_ID,
+        refusals=(
+            Refusal("400-invalid-size", "openai/images_error_400_invalid_size", ErrorClass.INVALID_INPUT,
+                    "Invalid value: '1792x1024'"),
+            Refusal("400-content-policy", "openai/images_error_400_content_policy", ErrorClass.REFUSED,
+                    "rejected as a result of our safety system"),
+            Refusal("400-moderation-blocked", "openai/images_error_400_moderation_blocked", ErrorClass.REFUSED,
+                    "rejected by the safety system"),
+        ),
+        rate_limit=RateLimit("openai/images_error_429_rate_limit", 12.0),
+        server_errors={500: "openai/images_error_500_server", 503: "openai/images_error_503_overloaded"},
+        lost=DROP,
+        prices=(
+            # gpt-image-1 bills tokens (openai.com/api/pricing, 2026-12-03): text input $5, image output $40 per
+            # million. images_generation (medium, 1024x1024) reports 17 text input and 1,056 image output
+            # tokens: 17 * 5 + 1,056 * 40 = 85 + 42,240 = 42,325 -> $0.042325 (the per-image table's $0.042
+            # is those 1,056 tokens rounded, the prompt not counted).
+            PriceCase("gpt-image-1 medium 1024x1024", Decimal("0.042325"), submit="openai/images_generation",
+                      params={"size": "1024x1024", "quality": "medium"}),
+            # dall-e-3 bills per image, by quality and size: standard 1024x1024 is $0.04 (no tokens).
+            PriceCase("dall-e-3 standard 1024x1024", Decimal("0.040000"), submit="openai/images_generation_url",
+                      model="dall-e-3", params={"size": "1024x1024", "quality": "standard"}),
+        ),
+        params={"size": "1024x1024", "quality": "medium"},
+    ),
+)
+PROFILE = {profile.id: profile for profile in PROFILES}
+IDS = [profile.id for profile in PROFILES]
+
+
+def pairs(items_of: Callable[[Profile], object], label_of: Callable[[object], str]):
+    """(profile, item) for every item of every profile, or (profile, None) for a profile that has none
+    (its test says why it is skipped)."""
+    params = []
+    for profile in PROFILES:
+        items = list(items_of(profile))
+        for item in items or [None]:
+            params.append(pytest.param(profile, item, id=f"{profile.id}-{label_of(item) if item else 'none'}"))
+    return params
+
+
+# -- the matrix ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_accepted(profile, harness):
+    check_accepted(profile, harness)
+
+
+@pytest.mark.parametrize(("profile", "refusal"), pairs(lambda p: p.refusals, lambda r: r.label))
+def test_refused_4xx(profile, refusal, harness):
+    check_refused(profile, harness, refusal)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_rate_limited_429(profile, harness):
+    check_rate_limited(profile, harness)
+
+
+@pytest.mark.parametrize(("profile", "status"), pairs(lambda p: sorted(p.server_errors), str))
+def test_server_error_5xx(profile, status, harness):
+    check_server_error(profile, harness, status)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_lost_reply(profile, harness):
+    check_lost_reply(profile, harness)
+
+
+@pytest.mark.parametrize(("profile", "failure"), pairs(lambda p: p.paid_failures, lambda f: f.label))
+def test_paid_failure(profile, failure, harness):
+    caps = capabilities_of(profile)
+    if profile.kind == "media" and not caps.asynchronous:
+        pytest.skip(f"{profile.id}: capabilities.asynchronous is False: the finished output is the submit's "
+                    "answer, nothing is polled, so no accepted job can fail later")
+    if failure is None:
+        assert profile.no_paid_failure, f"{profile.id}: no paid failure in the profile, and no reason given"
+        pytest.skip(f"{profile.id}: {profile.no_paid_failure}")
+    check_paid_failure(profile, harness, failure)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_lookup(profile, harness):
+    if not capabilities_of(profile).lookup:
+        pytest.skip(f"{profile.id}: capabilities.lookup is False")
+    assert profile.lookup is not None, f"{profile.id} declares lookup: its profile needs the lookup case"
+    check_lookup(profile, harness)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_cancel(profile, harness):
+    if not capabilities_of(profile).cancel:
+        pytest.skip(f"{profile.id}: capabilities.cancel is False")
+    assert profile.cancel is not None, f"{profile.id} declares cancel: its profile needs the cancel case"
+    check_cancel(profile, harness)
+
+
+def asks_for_callbacks(profile: Profile, h) -> bool:
+    """Whether the adapter's submit asks executor.callbacks.callback_url for its callback URL (the one way
+    an adapter asks its provider to call back, docs/providers.md step 6)."""
+    asked = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(callbacks, "callback_url", lambda provider: asked.append(provider))
+        h.answer(profile, profile.accepted)
+        call(profile)
+    return profile.provider in asked
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_callbacks(profile, harness):
+    if not capabilities_of(profile).callbacks:
+        pytest.skip(f"{profile.id}: capabilities.callbacks is False")
+    assert profile.callback is not None, f"{profile.id} asks for callbacks: its profile needs the callback case"
+    check_callbacks(profile, harness)
+
+
+@pytest.mark.parametrize(("profile", "case"), pairs(lambda p: p.prices, lambda c: c.label))
+def test_usage_and_price(profile, case, harness, monkeypatch):
+    assert case is not None, f"{profile.id}: no price case"
+    # The card's defaults, not an operator's overrides (rows of the database): the published price.
+    monkeypatch.setitem(rates._overrides, "rows", {})
+    monkeypatch.setitem(rates._overrides, "at", float("inf"))
+    check_price(profile, harness, case)
+
+
+# -- the profiles are held to the capabilities --------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_every_declared_capability_has_its_case(profile, harness):
+    """Both ways: a declared capability without its case would be skipped untested, and a case whose
+    capability was taken away would be skipped without a word."""
+    caps = capabilities_of(profile)
+    polled = profile.kind == "media" and caps.asynchronous
+    wanted = {
+        "lookup": (caps.lookup, profile.lookup is not None),
+        "cancel": (caps.cancel, profile.cancel is not None),
+        "asynchronous (a paid failure a poll sees)": (polled, profile.kind == "media" and bool(profile.paid_failures)),
+        "callbacks": (caps.callbacks, profile.callback is not None),
+    }
+    declared_without_case = [name for name, (declared, has) in wanted.items() if declared and not has]
+    case_without_declared = [name for name, (declared, has) in wanted.items() if has and not declared]
+    assert declared_without_case == [], f"{profile.id} declares {declared_without_case} with no case in its profile"
+    assert case_without_declared == [], f"{profile.id} has cases for {case_without_declared} it no longer declares"
+    # What the adapter does agrees with what it declares: its submit asks for a callback URL exactly when
+    # it declares callbacks (docs/providers.md, step 6).
+    assert asks_for_callbacks(profile, harness) == caps.callbacks, (
+        f"{profile.id}: capabilities.callbacks is {caps.callbacks}, but its call "
+        f"{'asks' if not caps.callbacks else 'does not ask'} callbacks.callback_url")
+    assert set(profile.server_errors) == available_5xx(profile), (
+        f"{profile.id}: every 5xx it has an answer for is a case (case 4)")
+    assert profile.refusals and profile.prices
+
+
+def available_5xx(profile: Profile) -> set[int]:
+    """The 5xx statuses the profile's backend can answer its submit with: the sandbox's status_5xx faults,
+    or the statuses of the adapter's recorded error fixtures (each answer checked against its file)."""
+    if profile.backend == "sandbox":
+        return {int(action.removeprefix("status_")) for action in FAULT_ACTIONS if action.startswith("status_5")}
+    for status, answer in profile.server_errors.items():
+        assert fixture(answer)["status"] == status, f"{profile.id}: {answer} does not answer {status}"
+    directory, _, stem = profile.fixtures.partition("/")
+    return {fixture(f"{directory}/{path.stem}")["status"] for path in (FIXTURES_DIR / directory).glob(f"{stem}5*.json")}
+
+
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p.backend == "replay"], ids=lambda p: p.id)
+def test_the_registry_and_the_adapter_declare_the_same_capabilities(profile):
+    spec = registry_spec(profile)
+    if spec is None:
+        pytest.skip(f"{profile.provider}/{profile.model} is not in the registry: the adapter's own are read")
+    assert spec.capabilities == profile.adapter.capabilities
+
+
+# -- the suite is not vacuous: a broken mapping fails its check ---------------------------------------
+
+
+@pytest.mark.parametrize("profile", [PROFILE["fal"]], ids=["fal"])
+def test_the_checks_catch_a_lost_reply_reported_as_known(profile, harness, monkeypatch):
+    check_lost_reply(profile, harness)  # as the adapter is: it passes
+
+    send = real.send
+
+    def known(*args, **kwargs):
+        try:
+            return send(*args, **kwargs)
+        except ProviderError as exc:  # the dropped connection, reported as if nothing could have been paid
+            raise ProviderError(exc.kind, exc.message, status=exc.status, retry_after=exc.retry_after,
+                                outcome_unknown=False, never_sent=exc.never_sent) from exc
+
+    monkeypatch.setattr(real, "send", known)
+    with pytest.raises(AssertionError, match="unknown outcome"):
+        check_lost_reply(profile, harness)
+
+
+@pytest.mark.parametrize("profile", [PROFILE["fal"]], ids=["fal"])
+def test_the_checks_catch_a_5xx_reported_as_unpaid(profile, harness, monkeypatch):
+    check_server_error(profile, harness, 503)  # as the adapter is: it passes
+
+    def unpaid(status, refused=False):
+        kind, _ = classify_http_error(status, refused=refused)
+        return kind, False  # a 503 that may have queued (and billed) a request, called known
+
+    monkeypatch.setattr(fal, "classify_http_error", unpaid)
+    with pytest.raises(AssertionError, match="unknown outcome"):
+        check_server_error(profile, harness, 503)
+
+
+@pytest.mark.parametrize("profile", [PROFILE["replicate"]], ids=["replicate"])
+def test_the_checks_catch_a_lookup_that_claims_absence_it_did_not_prove(profile, harness, monkeypatch):
+    # Replicate's listing cut short: a lookup that answers None without reaching the submit time.
+    monkeypatch.setattr(ReplicateProvider, "lookup", lambda self, *args, **kwargs: None)
+    with pytest.raises(AssertionError, match="not found"):
+        check_lookup(profile, harness)
