@@ -15,8 +15,8 @@ class ExecutorConfig(AppConfig):
         # problem named (executor.registry; the admin's form refuses a wrong row where it is written).
         from django.core.exceptions import ImproperlyConfigured
 
-        from billing import rates
-        from executor.registry import check_models_file
+        from billing import rates  # ready(): settings and apps are loaded
+        from executor.registry import check_models_file  # ready(): its models import the app's models
 
         problems = check_models_file()
         if not problems:

@@ -767,7 +767,7 @@ def test_keyless_local_openai_server_counts_as_usable(no_keys):
     no_keys.REAL_PROVIDERS = True
     no_keys.OPENAI_BASE_URL = "http://127.0.0.1:8080/v1"
 
-    assert real.check_real_providers() == {"openai"}
+    assert real.check_real_providers() == {"openai", "openai-images"}  # both speak to that server
     assert real.configured_providers() == set()
 
 

@@ -552,7 +552,7 @@ def test_replay_answers_a_fal_model_without_network(replay_settings, no_network)
     assert polled.usage.units > 0
     assert payload == REPLAY_PNG
     assert (video.status, video.content_type) == ("succeeded", "video/mp4")
-    assert fal.public_keys(keys)
+    assert fal_webhooks.public_keys(keys)
 
 
 def test_replay_leaves_paths_of_other_providers_alone(replay_settings, no_network):
