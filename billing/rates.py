@@ -352,10 +352,18 @@ def cost_of(model_name: str, usage: dict | None, *, units: float | None = None,
 
 
 def input_tokens_bound(system: str | None, messages: list[dict]) -> int:
-    """At most how many input tokens a call can be billed for: every token covers at least one byte."""
-    texts = [system or ""] + [m.get("content") if isinstance(m.get("content"), str) else str(m.get("content"))
-                              for m in messages]
-    return sum(len(t.encode("utf-8")) for t in texts) + TOKENS_PER_MESSAGE_OVERHEAD * (len(messages) + 1)
+    """At most how many input tokens a call can be billed for: every token covers at least one byte. A
+    content of text blocks counts each block's text, and the overhead of a message per block."""
+    texts, parts = [system or ""], 1
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and all(isinstance(block, dict) and "text" in block for block in content):
+            texts += [str(block["text"]) for block in content]
+            parts += max(1, len(content))
+        else:
+            texts.append(content if isinstance(content, str) else str(content))
+            parts += 1
+    return sum(len(t.encode("utf-8")) for t in texts) + TOKENS_PER_MESSAGE_OVERHEAD * parts
 
 
 def worst_case(model_name: str, *, max_tokens: int = 0, input_tokens: int = 0, units: float = 1.0,

@@ -303,6 +303,14 @@ SANDBOX_KEY_TTL_S = env_float("SANDBOX_KEY_TTL_S", 0.0, minimum=0.0) or None
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)
 REPORT_CHAPTER_MAX_TOKENS = env_int("REPORT_CHAPTER_MAX_TOKENS", 4000, minimum=1)
 REPORT_MAX_CHAPTERS = env_int("REPORT_MAX_CHAPTERS", 24, minimum=1)
+# Prompt caching (docs/design.md, "Reports and orders"): every chapter's prompt starts with the same prefix
+# (the system prompt, the subject and the synthesis), marked as a cache breakpoint, so the provider bills it
+# once at the cache-write price and then at the cache-read price (a tenth of the input price). Off: no mark.
+REPORT_PROMPT_CACHE = env_bool("REPORT_PROMPT_CACHE", True)
+# A cache entry exists once a call has written it: the first chapter left goes out alone, and the rest
+# follow it in parallel once it has ended. Off: every chapter at once (the critical path one chapter
+# shorter, the prefix written by each of the first calls that race).
+REPORT_CACHE_WARMUP = env_bool("REPORT_CACHE_WARMUP", True)
 # The emailed link: signed, and expiring after this long.
 REPORT_LINK_MAX_AGE_S = env_int("REPORT_LINK_MAX_AGE_S", 30 * 86400, minimum=1)
 # A mail outage after the seal: delivery is tried again with back-off for this long, then given up

@@ -22,7 +22,7 @@ wait; jobs.tasks._follow does the rest):
 | `Done` | the run went through its last stage | drops the rest of the chain (those links would find their steps done) |
 | `Stop(reason)` | nothing more for this chain: the job ended, moved to another run, or someone else carries it | drops the rest of the chain |
 | `Later(countdown, kept)` | run this same stage again after a pause (a poll, a back-off, a lease held elsewhere); `kept` says whose the step's lease is meanwhile | sends this very task again after `countdown`, with the rest of its chain, and drops the chain here |
-| `FanOut(stage, keys)` | start these sub-steps in parallel; their join continues the run | sends one `run_substep` per key and drops the chain here |
+| `FanOut(stage, keys, lead)` | start these sub-steps in parallel; their join continues the run. `lead`: one sub-step alone, the others held back until it ends | sends one `run_substep` per key (the lead's with `lead=True`: it sends the rest when it ends) and drops the chain here |
 | `Resume(kind, index, countdown)` | start the rest of the run from stage `index` (a fan-out joined, or a stage two or more links on has to wait) | calls `start_run` from that stage: a new chain |
 """
 
@@ -127,6 +127,7 @@ class FanOut:
 
     stage: str
     keys: list[str]
+    lead: bool = False  # one sub-step sent alone: the rest are sent when it ends (FanOutSpec.lead)
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,21 @@ def chapter_keys(ctx) -> list[str]:
     return list(ctx.job.input["chapters"])
 
 
+def warmup_chapter(ctx, pending: list[str]) -> str | None:
+    """The chapter that goes out alone first, so that its call writes the prompt cache every other chapter
+    then reads (REPORT_CACHE_WARMUP): the first one still to write. None (all at once) when caching or the
+    warm-up is off, when fewer than two chapters are left to pay for (nothing would read the cache), or
+    when the shared prefix is too short for a provider to cache (waiting would buy nothing)."""
+    if not (settings.REPORT_PROMPT_CACHE and settings.REPORT_CACHE_WARMUP):
+        return None
+    report = reports.report_of(ctx.job.id)
+    if reports.shared_prefix_tokens(report) < reports.CACHE_MIN_TOKENS:
+        return None
+    left = reports.chapters_left(report)
+    to_write = [key for key in pending if key in left]
+    return to_write[0] if len(to_write) >= 2 else None
+
+
 def write_chapter(ctx, key: str) -> dict:
     """One chapter: a done one (from any run) is read back, never paid for again; a missing one is one
     LLM call drawn from the pre-flight's pool. An empty answer fails the chapter (it is not done)."""
@@ -215,7 +230,7 @@ REPORT = recipe_register(
                 StepSpec("synthesis", synthesis, Effect.EXTERNAL),
                 StepSpec("preflight", preflight, Effect.DB),
             )),
-            Stage("chapters", fanout=FanOutSpec("chapter", keys=chapter_keys, fn=write_chapter)),
+            Stage("chapters", fanout=FanOutSpec("chapter", keys=chapter_keys, fn=write_chapter, lead=warmup_chapter)),
             Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
             Stage("deliver", (
                 StepSpec("verdict", verdict, Effect.DB),

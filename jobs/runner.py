@@ -186,8 +186,10 @@ def _groups(specs) -> list[list[StepSpec]]:
     return groups
 
 
-def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: str | None = None):
-    """Run one sub-step of a fan-out stage, then join the stage if every sub-step has ended."""
+def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: str | None = None,
+                lead: bool = False):
+    """Run one sub-step of a fan-out stage, then join the stage if every sub-step has ended. The stage's
+    lead (`lead`) sends the sub-steps held back for it instead."""
     ctx, stop = _load(job_id, run, owner, chain)
     if stop:
         return _stopped(ctx, stop)
@@ -203,6 +205,9 @@ def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: st
         outcome = None
     if outcome is not None:
         return outcome
+    held = _after_lead(ctx, fanout, key) if lead else []
+    if held:
+        return FanOut(stage, held)
     return _join(ctx, recipe, recipe.index(stage))
 
 
@@ -492,7 +497,39 @@ def _fan_out(ctx: StepContext, recipe: Recipe, stage: Stage):
             pending.append(key)  # resume only the missing ones
     if not pending:
         return _join(ctx, recipe, recipe.index(stage.name))
+    lead = _lead(ctx, fanout, pending)
+    if lead is not None:
+        if lead in pending:
+            return FanOut(stage.name, [lead], lead=True)
+        return Stop("the lead sub-step runs; the rest follow it")
     return FanOut(stage.name, pending)
+
+
+def _lead(ctx: StepContext, fanout, pending: list[str]) -> str | None:
+    """The sub-step that goes alone first (FanOutSpec.lead), while no sub-step of the stage has ended in
+    this run; None once one has (or when the stage has no lead): then the rest go at once."""
+    if fanout.lead is None:
+        return None
+    names = [fanout.step_name(key) for key in fanout.keys(ctx)]
+    if any(ctx.rows.get(name) is not None and ctx.rows[name].status in (StepStatus.DONE, StepStatus.FAILED)
+           for name in names):
+        return None
+    running = [key for key in fanout.keys(ctx) if key not in pending]  # alive: the lead, sent before
+    return running[0] if running else fanout.lead(ctx, pending)
+
+
+def _after_lead(ctx: StepContext, fanout, key: str) -> list[str]:
+    """The keys held back for the lead sub-step `key`, now that it has ended: every other one that has not
+    ended and is not running."""
+    now = timezone.now()
+    held = []
+    for other in fanout.keys(ctx):
+        row = ctx.rows.get(fanout.step_name(other))
+        ended = row is not None and row.status in (StepStatus.DONE, StepStatus.FAILED)
+        alive = row is not None and row.status == StepStatus.RUNNING and row.lease_until and row.lease_until > now
+        if other != key and not ended and not alive:
+            held.append(other)
+    return held
 
 
 def _join(ctx: StepContext, recipe: Recipe, index: int):

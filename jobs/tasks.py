@@ -25,7 +25,10 @@ def _follow(task, outcome, job_id: str, run: int) -> None:
     elif isinstance(outcome, outcomes.Later):
         _send_again(task, outcome.countdown)
     elif isinstance(outcome, outcomes.FanOut):
-        group(run_substep.si(job_id, run, outcome.stage, key) for key in outcome.keys).apply_async()
+        if outcome.lead:  # one sub-step alone: the rest follow it (runner.run_substep)
+            run_substep.si(job_id, run, outcome.stage, outcome.keys[0], lead=True).apply_async()
+        else:
+            group(run_substep.si(job_id, run, outcome.stage, key) for key in outcome.keys).apply_async()
     elif isinstance(outcome, outcomes.Resume):
         start_run(job_id, run, outcome.kind, outcome.stage_index, outcome.countdown)
     task.request.chain = None  # Later, Done, Stop, FanOut, Resume: this execution ends the chain here
@@ -57,9 +60,9 @@ def run_stage(self, job_id: str, run: int, stage: str, rung: bool = False):
 
 
 @shared_task(name="jobs.run_substep", bind=True, max_retries=None)
-def run_substep(self, job_id: str, run: int, stage: str, key: str):
+def run_substep(self, job_id: str, run: int, stage: str, key: str, lead: bool = False):
     outcome = runner.run_substep(job_id=job_id, run=run, stage=stage, key=key, owner=self.request.id,
-                                 chain=self.request.root_id)
+                                 chain=self.request.root_id, lead=lead)
     return _follow(self, outcome, job_id, run)
 
 

@@ -39,6 +39,9 @@ class FanOutSpec:
     name: str
     keys: Callable  # keys(ctx) -> list[str]
     fn: Callable  # fn(ctx, key) -> JSON result (an EXTERNAL effect)
+    # lead(ctx, pending) -> the key that must end before the others start, or None (all at once): what the
+    # first sub-step leaves behind (a provider's prompt cache) makes the others cheaper.
+    lead: Callable | None = None
 
     def step_name(self, key: str) -> str:
         return f"{self.name}-{key}"

@@ -35,6 +35,9 @@ class Model:
     price_usd: Decimal | None = None  # per render
     input_per_mtok_usd: Decimal | None = None
     output_per_mtok_usd: Decimal | None = None
+    # Prompt caching, Anthropic's shape: a prefix written to the cache, and one read from it.
+    cache_write_per_mtok_usd: Decimal | None = None
+    cache_read_per_mtok_usd: Decimal | None = None
 
     def as_json(self) -> dict:
         return {
@@ -51,6 +54,12 @@ class Model:
             ),
             "output_per_mtok_usd": (
                 money(self.output_per_mtok_usd) if self.output_per_mtok_usd is not None else None
+            ),
+            "cache_write_per_mtok_usd": (
+                money(self.cache_write_per_mtok_usd) if self.cache_write_per_mtok_usd is not None else None
+            ),
+            "cache_read_per_mtok_usd": (
+                money(self.cache_read_per_mtok_usd) if self.cache_read_per_mtok_usd is not None else None
             ),
         }
 
@@ -71,6 +80,8 @@ MODELS: dict[str, Model] = {
             False,
             input_per_mtok_usd=Decimal("3"),
             output_per_mtok_usd=Decimal("15"),
+            cache_write_per_mtok_usd=Decimal("3.75"),  # 1.25 x input
+            cache_read_per_mtok_usd=Decimal("0.30"),  # 0.1 x input
         ),
     )
 }
@@ -167,10 +178,44 @@ def llm_reply(system: str | None, messages: list[dict], max_tokens: int) -> dict
     }
 
 
-def llm_cost(model: Model, input_tokens: int, output_tokens: int) -> Decimal:
-    """input * $/Mtok-in + output * $/Mtok-out, quantized to 6 places (ROUND_HALF_UP)."""
+def llm_cost(model: Model, input_tokens: int, output_tokens: int, cache_write_tokens: int = 0,
+             cache_read_tokens: int = 0) -> Decimal:
+    """Each kind of token at its price per million, summed, quantized once to 6 places (ROUND_HALF_UP)."""
     amount = (
         Decimal(input_tokens) * model.input_per_mtok_usd
         + Decimal(output_tokens) * model.output_per_mtok_usd
+        + Decimal(cache_write_tokens) * (model.cache_write_per_mtok_usd or model.input_per_mtok_usd)
+        + Decimal(cache_read_tokens) * (model.cache_read_per_mtok_usd or model.input_per_mtok_usd)
     ) / MILLION
     return amount.quantize(MICRO, rounding=ROUND_HALF_UP)
+
+
+# -- prompt caching ------------------------------------------------------------------------------------
+
+# A prefix shorter than this is never cached (Anthropic's minimum for most models).
+CACHE_MIN_TOKENS = 1024
+
+
+def cache_prefix(system: str | None, messages: list[dict]) -> tuple[int, str] | None:
+    """The prompt up to its last `cache_control` breakpoint: (its characters, a canonical form of it to
+    hash), or None when no block is marked. As Anthropic reads it: the system prompt, then every message
+    in order, each content block in order, up to and including the marked block."""
+    parts: list = [system or ""]
+    marked = None
+    for message in messages:
+        content = message["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for block in blocks:
+            parts.append([message["role"], block["text"]])
+            if block.get("cache_control") is not None:
+                marked = len(parts)
+    if marked is None:
+        return None
+    prefix = parts[:marked]
+    chars = len(prefix[0]) + sum(len(text) for _, text in prefix[1:])
+    return chars, canonical_json(prefix)
+
+
+def prefix_tokens(chars: int) -> int:
+    """A prefix's tokens, counted as the whole prompt's are (a token is four characters, rounded up)."""
+    return math.ceil(chars / 4)

@@ -10,6 +10,7 @@ it took and the status answered (null when the answer was never sent), before th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -609,6 +610,10 @@ class Handler(BaseHTTPRequestHandler):
             )
             if not isinstance(content, str) and not blocks_ok:
                 raise _invalid(f"messages[{index}].content must be a string or a list of text blocks")
+            for block in content if isinstance(content, list) else ():
+                marker = block.get("cache_control")
+                if marker is not None and (not isinstance(marker, dict) or marker.get("type") != "ephemeral"):
+                    raise _invalid(f'messages[{index}]: cache_control must be {{"type": "ephemeral"}}')
         max_tokens = body.get("max_tokens")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise _invalid("max_tokens must be an integer >= 1")
@@ -625,7 +630,9 @@ class Handler(BaseHTTPRequestHandler):
         reply = catalog.llm_reply(system, messages, max_tokens)
         if fault is not None and fault["action"] == "empty":
             reply = {**reply, "text": "", "output_tokens": 0}  # answered (and charged for its input), empty
-        amount = catalog.llm_cost(model, reply["input_tokens"], reply["output_tokens"])
+        written, read = self._prompt_cache(model, system, messages, reply["input_tokens"])
+        input_tokens = reply["input_tokens"] - written - read
+        amount = catalog.llm_cost(model, input_tokens, reply["output_tokens"], written, read)
         msg_id, charge = self.state.charge_message(
             model=model, amount=amount, request_id=request_id, metadata=metadata
         )
@@ -642,9 +649,25 @@ class Handler(BaseHTTPRequestHandler):
                 "stop_sequence": None,
                 # Token usage only, like Anthropic's Messages API: the caller derives the cost from its
                 # rate card; the ledger charges the catalog's price.
-                "usage": {"input_tokens": reply["input_tokens"], "output_tokens": reply["output_tokens"]},
+                # Cached prefix tokens apart, as Anthropic reports them: input_tokens is the rest.
+                "usage": {"input_tokens": input_tokens, "output_tokens": reply["output_tokens"],
+                          "cache_creation_input_tokens": written, "cache_read_input_tokens": read},
             },
         )
+
+    def _prompt_cache(self, model, system, messages, input_tokens: int) -> tuple[int, int]:
+        """(tokens written to the cache, tokens read from it) for a prompt with a `cache_control`
+        breakpoint: its prefix is looked up by hash, per model; a hit within the cache's lifetime is a
+        read, anything else a write. A prefix under CACHE_MIN_TOKENS, or no breakpoint: (0, 0)."""
+        prefix = catalog.cache_prefix(system, messages)
+        if prefix is None:
+            return 0, 0
+        chars, canonical = prefix
+        tokens = min(catalog.prefix_tokens(chars), input_tokens)
+        if tokens < catalog.CACHE_MIN_TOKENS:
+            return 0, 0
+        key = hashlib.sha256(f"{model.id}\n{canonical}".encode()).hexdigest()
+        return (0, tokens) if self.state.cache_use(key) else (tokens, 0)
 
     def upload_input(self):
         self._track("upload")
@@ -688,6 +711,14 @@ class Handler(BaseHTTPRequestHandler):
     def control_callbacks(self):
         return Response(200, {"callbacks": self.server.callbacks.log()})
 
+    def control_cache(self):
+        """POST /control/cache {"ttl_s": 2}: how long a prompt cache entry lives from now on (a test's short
+        lifetime; a reset restores SANDBOX_CACHE_TTL_S)."""
+        ttl = self._json_body().get("ttl_s")
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 86400:
+            raise _invalid("ttl_s must be a number of seconds, above 0 and at most a day")
+        return Response(200, {"ttl_s": self.state.set_cache_ttl(float(ttl))})
+
     def control_reset(self):
         self.state.reset()
         self.server.callbacks.reset()
@@ -712,6 +743,7 @@ ROUTES = [
         (r"/control/faults", {"GET": "control_faults_list", "POST": "control_faults_add"}),
         (r"/control/callbacks", {"GET": "control_callbacks"}),
         (r"/control/reset", {"POST": "control_reset"}),
+        (r"/control/cache", {"POST": "control_cache"}),
     )
 ]
 

@@ -95,6 +95,10 @@ class State:
         self.calls: list[dict] = []
         self.calls_by_seq: dict[int, dict] = {}
         self.faults: list[dict] = []  # pending, in the order they were added
+        # Prompt caching: prefix hash -> when it expires (monotonic). In memory only, as a provider's cache
+        # is: a restart empties it, and a call then writes it again.
+        self.prompt_cache: dict[str, float] = {}
+        self.cache_ttl_s = float(os.environ.get("SANDBOX_CACHE_TTL_S", "300"))
         self.counters = {name: 0 for name in (*ID_PREFIXES, "call")}
         self.replayed_events = 0
 
@@ -375,6 +379,20 @@ class State:
         return catalog.media_bytes(catalog.MODELS[gen["model"]], gen["prompt"], gen["params"])
 
     # -- messages ----------------------------------------------------------------------------------
+
+    def cache_use(self, key: str) -> bool:
+        """Read the prompt cache entry `key`: True (a hit) when it is there and not expired, and its
+        lifetime starts again, as Anthropic's does on a read; False (a miss) when not, and it is written."""
+        now = time.monotonic()
+        with self.lock:
+            hit = self.prompt_cache.get(key, 0.0) > now
+            self.prompt_cache[key] = now + self.cache_ttl_s
+            return hit
+
+    def set_cache_ttl(self, seconds: float) -> float:
+        with self.lock:
+            self.cache_ttl_s = seconds
+            return seconds
 
     def charge_message(
         self, *, model: catalog.Model, amount: Decimal, request_id, metadata

@@ -7,12 +7,11 @@ from executor.providers.base import (
     PollResult,
     ProviderError,
     Submission,
-    Usage,
     classify_http_error,
     parse_retry_after,
 )
 from executor import callbacks
-from executor.providers import http, real
+from executor.providers import anthropic, http, real
 
 
 def _seconds(value) -> float | None:
@@ -100,6 +99,6 @@ class SandboxProvider:
             upstream_id=data["id"],
             text="".join(block.get("text", "") for block in data.get("content", []) if block.get("type") == "text"),
             stop_reason=data.get("stop_reason"),
-            usage=Usage(input_tokens=usage.get("input_tokens", 0), output_tokens=usage.get("output_tokens", 0)),
+            usage=anthropic.parse_usage(usage),  # the sandbox reports cached prefix tokens as Anthropic does
             raw=data,  # usage only: the cost is derived from the rate card (billing.rates)
         )

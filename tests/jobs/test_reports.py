@@ -111,15 +111,19 @@ def drive_report(job) -> list:
             time.sleep(min(outcome.countdown, 0.5))
             continue
         if isinstance(outcome, FanOut):
-            resumed = None
-            for key in outcome.keys:
-                while True:
-                    unit = runner.run_substep(job_id=job.id, run=job.run, stage=outcome.stage, key=key, owner=f"u-{key}")
-                    if not isinstance(unit, Later):
-                        break
-                    time.sleep(min(unit.countdown, 0.5))
-                outcomes.append(unit)
-                resumed = unit if isinstance(unit, Resume) else resumed
+            resumed, fanouts = None, [outcome]
+            while fanouts:  # a lead sub-step's end sends the ones held back for it: another FanOut
+                fanout = fanouts.pop(0)
+                for key in fanout.keys:
+                    while True:
+                        unit = runner.run_substep(job_id=job.id, run=job.run, stage=fanout.stage, key=key,
+                                                  owner=f"u-{key}", lead=fanout.lead)
+                        if not isinstance(unit, Later):
+                            break
+                        time.sleep(min(unit.countdown, 0.5))
+                    outcomes.append(unit)
+                    resumed = unit if isinstance(unit, Resume) else resumed
+                    fanouts += [unit] if isinstance(unit, FanOut) else []
             stage = RECIPES["report"].stages[resumed.stage_index].name if resumed else None
             continue
         stage = None
@@ -136,7 +140,8 @@ class ProviderThatRefusesRepeats:
         self.inner, self.done_keys, self.asked = SandboxProvider(), set(done_keys), []
 
     def complete(self, model, *, system, messages, max_tokens, upstream_key, metadata):
-        text = messages[-1]["content"]
+        content = messages[-1]["content"]
+        text = content if isinstance(content, str) else "".join(block["text"] for block in content)
         if "Write the synthesis" in text:
             raise AssertionError("the synthesis was asked for again")
         key = re.search(r'Write the chapter "([a-z0-9-]+)"', text).group(1)

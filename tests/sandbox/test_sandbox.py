@@ -336,9 +336,48 @@ def test_llm_max_tokens_truncates_output(sandbox):
     reply = requests.post(f"{sandbox.url}/v1/messages", json=body, timeout=5).json()
 
     assert reply["stop_reason"] == "max_tokens"
-    assert reply["usage"] == {"input_tokens": 1, "output_tokens": 10}
+    assert reply["usage"] == {"input_tokens": 1, "output_tokens": 10, "cache_creation_input_tokens": 0,
+                              "cache_read_input_tokens": 0}
     assert len(reply["content"][0]["text"]) == 40
     assert charges(sandbox)[0]["amount_usd"] == "0.000153"  # (1*3 + 10*15) / 1e6
+
+
+def _cached_call(sandbox, prefix: str, tail: str = "Write the chapter.", marked: bool = True) -> dict:
+    shared = {"type": "text", "text": prefix, **({"cache_control": {"type": "ephemeral"}} if marked else {})}
+    body = {"model": "llm", "system": "Be brief.", "max_tokens": 10,
+            "messages": [{"role": "user", "content": [shared, {"type": "text", "text": tail}]}]}
+    answer = requests.post(f"{sandbox.url}/v1/messages", json=body, timeout=5)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["usage"]
+
+
+def test_llm_prompt_cache_writes_a_marked_prefix_once_then_reads_it_and_charges_each_at_its_price(sandbox):
+    prefix = "x" * 4_400  # with "Be brief." (9 characters): 4,409 characters, 1,103 tokens
+    first = _cached_call(sandbox, prefix, "Write the chapter sun.")
+    second = _cached_call(sandbox, prefix, "Write the chapter moon.")
+    assert (first["cache_creation_input_tokens"], first["cache_read_input_tokens"]) == (1103, 0)
+    assert (second["cache_creation_input_tokens"], second["cache_read_input_tokens"]) == (0, 1103)
+    # The rest of the prompt (ceil(4,431 / 4) = 1,108 tokens in all) is plain input.
+    assert first["input_tokens"] == second["input_tokens"] == 1108 - 1103
+    [write, read] = [c["amount_usd"] for c in charges(sandbox)]
+    assert write == "0.004301"  # (5 * 3 + 1,103 * 3.75 + 10 * 15) / 1e6 = 0.00430125
+    assert read == "0.000496"  # (5 * 3 + 1,103 * 0.30 + 10 * 15) / 1e6 = 0.0004959
+    other = _cached_call(sandbox, "y" * 4_400)  # another prefix: its own entry
+    assert other["cache_creation_input_tokens"] == 1103
+
+
+def test_llm_prompt_cache_ignores_a_short_or_unmarked_prefix_and_expires(sandbox):
+    assert _cached_call(sandbox, "x" * 4_000)["cache_creation_input_tokens"] == 0  # 1,003 tokens: under 1,024
+    unmarked = _cached_call(sandbox, "x" * 4_400, marked=False)
+    assert (unmarked["cache_creation_input_tokens"], unmarked["cache_read_input_tokens"]) == (0, 0)
+    assert requests.post(f"{sandbox.url}/control/cache", json={"ttl_s": 0.3}, timeout=5).json() == {"ttl_s": 0.3}
+    assert _cached_call(sandbox, "x" * 4_400)["cache_creation_input_tokens"] == 1103
+    time.sleep(0.5)
+    assert _cached_call(sandbox, "x" * 4_400)["cache_creation_input_tokens"] == 1103  # expired: written again
+    assert requests.post(f"{sandbox.url}/control/cache", json={"ttl_s": 0}, timeout=5).status_code == 422
+    bad = {"model": "llm", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"type": "forever"}}]}]}
+    assert requests.post(f"{sandbox.url}/v1/messages", json=bad, timeout=5).status_code == 422
 
 
 def test_llm_validation(sandbox):

@@ -137,6 +137,10 @@ class SandboxProcess:
         """Append faults (or, `first`, put them before the pending ones); returns every pending fault."""
         return self._post("/control/faults", {"faults": faults, "first": first})["faults"]
 
+    def cache_ttl(self, seconds: float) -> float:
+        """How long the sandbox's prompt cache entries live from now on (a reset restores its default)."""
+        return self._post("/control/cache", {"ttl_s": seconds})["ttl_s"]
+
     def pending_faults(self) -> list[dict]:
         return self._get("/control/faults")["faults"]
 

@@ -1,0 +1,109 @@
+"""Reports that cost less (docs/design.md, "Reports and orders"): every chapter's prompt starts with the
+same prefix (the system prompt, the subject, the synthesis) marked as a cache breakpoint, and the first
+chapter left goes out alone to write it, so the others read it at a tenth of the input price. On real
+processes: the worker as the Procfile starts it and the sandbox, which caches like a provider. The
+sandbox's ledger stays the ground truth: every derived cost equals its charge."""
+
+import time
+from decimal import Decimal
+
+import pytest
+
+from executor.models import Attempt
+from tests.jobs.test_reports import CHAPTERS, SUBJECT, llm_calls, report_body, wait_ended
+from tests.support.books import assert_books_balance
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# Long enough that the subject and the synthesis pass the sandbox's 1,024-token minimum (a token is four
+# characters there): about 1,600 tokens with the synthesis.
+LONG_SUBJECT = {**SUBJECT, "notes": "Ada keeps a garden by the river and reads late into the night. " * 90}
+INPUT, WRITE, READ = Decimal("3"), Decimal("3.75"), Decimal("0.30")  # the sandbox's prices per million
+
+
+def chapter_attempts(job_id, run=None) -> list[Attempt]:
+    attempts = Attempt.objects.filter(job_id=job_id, step__startswith="chapter-").order_by("submitted_at")
+    return list(attempts.filter(run=run) if run is not None else attempts)
+
+
+def cached(attempt: Attempt) -> tuple[int, int]:
+    usage = attempt.usage or {}
+    return usage.get("cache_write_tokens", 0), usage.get("cache_read_tokens", 0)
+
+
+def test_an_eight_chapter_report_writes_the_prefix_once_and_reads_it_seven_times(report_worker, ledger, api, mailbox):
+    created = api.create(report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"}),
+                         key="cached-report")
+    assert created.status_code == 201, created.content
+    job = wait_ended(api, created.json()["id"])
+    assert job["status"] == "succeeded", job
+
+    chapters = chapter_attempts(job["id"])
+    assert len(chapters) == 8
+    writes = [a for a in chapters if cached(a)[0]]
+    reads = [a for a in chapters if cached(a)[1]]
+    assert len(writes) == 1 and len(reads) == 7, [(a.step, a.usage) for a in chapters]
+    [lead] = writes
+    assert lead.step == f"chapter-{CHAPTERS[0]}"  # the warm-up: the first chapter left, alone
+    assert all(lead.finished_at <= other.submitted_at for other in reads)  # written before any read was sent
+    prefix = cached(lead)[0]
+    assert prefix >= 1024 and all(cached(a) == (0, prefix) for a in reads)  # the same prefix, byte for byte
+    synthesis = Attempt.objects.get(job_id=job["id"], step="synthesis")
+    assert cached(synthesis) == (0, 0)  # its prompt has no breakpoint
+
+    # The strict books: each call's derived cost (its usage at the rate card) equals the ledger's charge.
+    charges = assert_books_balance(ledger)
+    assert len(charges) == 9 and len(llm_calls(ledger)) == 9
+    # What the cache saved, from the usage the ledger charged for: the prefix at full price eight times
+    # against one write and seven reads.
+    uncached = 8 * prefix * INPUT
+    assert prefix * WRITE + 7 * prefix * READ < Decimal("0.25") * uncached
+    assert len(mailbox.wait_for(1)) == 1
+
+
+def _fail_one_chapter(ledger, api, key: str) -> tuple[str, str]:
+    """A report whose synthesis and lead chapter pass and one chapter after them is refused (a 400: no
+    retry): it fails naming that chapter. Returns (job id, the chapter's key)."""
+    ledger.faults([{"model": "llm", "action": "delay", "seconds": 0}, {"model": "llm", "action": "delay", "seconds": 0},
+                   {"model": "llm", "action": "status_400", "message": "that chapter is not allowed"}])
+    job_id = api.create(report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"}),
+                        key=key).json()["id"]
+    failed = wait_ended(api, job_id)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "CHAPTER_FAILED", failed
+    [missing] = failed["error"]["chapters"]
+    return job_id, missing
+
+
+def test_a_resume_reads_the_prefix_while_it_is_still_cached(report_worker, ledger, api, mailbox):
+    job_id, missing = _fail_one_chapter(ledger, api, "resume-warm")
+    assert api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers()).status_code == 202
+    done = wait_ended(api, job_id, run=2)
+    assert done["status"] == "succeeded", done
+
+    [resumed] = chapter_attempts(job_id, run=2)
+    assert resumed.step == f"chapter-{missing}"
+    assert cached(resumed)[0] == 0 and cached(resumed)[1] >= 1024  # read: the cache was still warm
+    assert len(assert_books_balance(ledger)) == 9
+
+
+def test_a_resume_writes_the_prefix_again_once_the_cache_has_expired(report_worker, ledger, api, mailbox):
+    ledger.cache_ttl(1.0)
+    job_id, missing = _fail_one_chapter(ledger, api, "resume-cold")
+    time.sleep(1.5)  # past the cache's lifetime
+    assert api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers()).status_code == 202
+    done = wait_ended(api, job_id, run=2)
+    assert done["status"] == "succeeded", done
+
+    [resumed] = chapter_attempts(job_id, run=2)
+    assert cached(resumed)[0] >= 1024 and cached(resumed)[1] == 0  # written again: the entry had expired
+    assert len(assert_books_balance(ledger)) == 9
+
+
+def test_a_prefix_under_the_minimum_is_never_cached(report_worker, ledger, api, mailbox):
+    job = wait_ended(api, api.create(report_body(), key="short-prefix").json()["id"])  # a short subject
+    assert job["status"] == "succeeded", job
+    chapters = chapter_attempts(job["id"])
+    assert len(chapters) == 8 and all(cached(a) == (0, 0) for a in chapters)
+    marked = chapters[0].request["messages"][0]["content"][0]
+    assert marked["cache_control"] == {"type": "ephemeral"}  # it was marked; the sandbox did not cache it
+    assert len(assert_books_balance(ledger)) == 9
