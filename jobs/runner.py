@@ -487,14 +487,7 @@ def _fan_out(ctx: StepContext, recipe: Recipe, stage: Stage):
     fanout = stage.fanout
     if ctx.result(fanout.join_name) is not None:
         return Continue()
-    now = timezone.now()
-    pending = []
-    for key in fanout.keys(ctx):
-        row = ctx.rows.get(fanout.step_name(key))
-        ended = row is not None and row.status in (StepStatus.DONE, StepStatus.FAILED)
-        alive = row is not None and row.status == StepStatus.RUNNING and row.lease_until and row.lease_until > now
-        if not ended and not alive:
-            pending.append(key)  # resume only the missing ones
+    pending = _pending(ctx, fanout)  # resume only the missing ones
     if not pending:
         return _join(ctx, recipe, recipe.index(stage.name))
     lead = _lead(ctx, fanout, pending)
@@ -518,18 +511,23 @@ def _lead(ctx: StepContext, fanout, pending: list[str]) -> str | None:
     return running[0] if running else fanout.lead(ctx, pending)
 
 
-def _after_lead(ctx: StepContext, fanout, key: str) -> list[str]:
-    """The keys held back for the lead sub-step `key`, now that it has ended: every other one that has not
-    ended and is not running."""
+def _pending(ctx: StepContext, fanout) -> list[str]:
+    """The stage's keys whose sub-step has not ended and is not running (under a live lease)."""
     now = timezone.now()
-    held = []
-    for other in fanout.keys(ctx):
-        row = ctx.rows.get(fanout.step_name(other))
+    pending = []
+    for key in fanout.keys(ctx):
+        row = ctx.rows.get(fanout.step_name(key))
         ended = row is not None and row.status in (StepStatus.DONE, StepStatus.FAILED)
         alive = row is not None and row.status == StepStatus.RUNNING and row.lease_until and row.lease_until > now
-        if other != key and not ended and not alive:
-            held.append(other)
-    return held
+        if not ended and not alive:
+            pending.append(key)
+    return pending
+
+
+def _after_lead(ctx: StepContext, fanout, key: str) -> list[str]:
+    """The keys held back for the lead sub-step `key`, now that it has ended (ctx.rows were read before
+    it ran, so its own row is left out by name)."""
+    return [other for other in _pending(ctx, fanout) if other != key]
 
 
 def _join(ctx: StepContext, recipe: Recipe, index: int):

@@ -51,13 +51,13 @@ def sandbox_takes(key: str, value) -> bool:
 
 
 @pytest.mark.parametrize("key", ["render_s", "expected_s", "fail_render", "size_bytes"])
-def test_a_value_the_registry_accepts_is_one_the_sandbox_accepts(key):
+def test_a_value_the_registry_accepts_is_one_the_sandbox_accepts(key, db):  # db: the catalog reads its layers
     accepted = [value for value in SAMPLES if not input_problems(["sandbox/video-keyed"], {key: value})]
     assert accepted, "the samples reach no accepted value: the check would mean nothing"
     assert [value for value in accepted if not sandbox_takes(key, value)] == []
 
 
-def test_only_render_s_is_tighter_than_the_sandbox_an_hour_as_the_api_always_had():
+def test_only_render_s_is_tighter_than_the_sandbox_an_hour_as_the_api_always_had(db):
     refused_here = {key: [value for value in SAMPLES
                           if sandbox_takes(key, value) and input_problems(["sandbox/video-keyed"], {key: value})]
                     for key in declared("sandbox/video-keyed")}
@@ -65,7 +65,7 @@ def test_only_render_s_is_tighter_than_the_sandbox_an_hour_as_the_api_always_had
                             "size_bytes": []}
 
 
-def test_text_and_replicate_models_declare_nothing_so_pass_through():
+def test_text_and_replicate_models_declare_nothing_so_pass_through(db):
     for model in ("sandbox/llm", "anthropic/claude-sonnet-4-5", "openai/gpt-4o-mini", REPLICATE,
                   "replicate/stability-ai/sdxl:" + "a" * 64):
         assert code_spec(model).params is None, model
