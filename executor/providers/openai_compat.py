@@ -31,9 +31,10 @@ _ERROR_CLASSES = {
 }
 
 
-class OpenAICompatibleProvider(real.RealAdapter):
-    name = "openai"
-    capabilities = CAPABILITIES
+class OpenAIAdapter(real.RealAdapter):
+    """What OpenAI's endpoints share: OPENAI_BASE_URL and OPENAI_API_KEY, and a bearer key that a local
+    server (a non-default base URL) may go without (the chat adapter and the images one)."""
+
     base_url_setting = "OPENAI_BASE_URL"  # with its /v1
     key_setting = "OPENAI_API_KEY"
 
@@ -43,6 +44,11 @@ class OpenAICompatibleProvider(real.RealAdapter):
             raise real.missing_key(self.name)
         # A local server runs keyless: send no Authorization header at all rather than "Bearer ".
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class OpenAICompatibleProvider(OpenAIAdapter):
+    name = "openai"
+    capabilities = CAPABILITIES
 
     def complete(self, model: str, *, system: str, messages: list[dict], max_tokens: int, upstream_key: str,
                  metadata: dict) -> Completion:

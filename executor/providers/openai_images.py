@@ -175,18 +175,10 @@ def worst_case_usd(model: str, params: dict | None, prompt: str) -> Decimal | No
 # -- the adapter ---------------------------------------------------------------------------------------
 
 
-class OpenAIImagesProvider(real.RealAdapter):
+class OpenAIImagesProvider(openai_compat.OpenAIAdapter):
     # Not "openai": that name is the chat adapter's (`openai/<model>` stays a chat model).
     name = "openai-images"
     capabilities = CAPABILITIES
-    base_url_setting = "OPENAI_BASE_URL"  # with its /v1
-    key_setting = "OPENAI_API_KEY"
-
-    def _headers(self, replaying: bool) -> dict:
-        key = self.api_key
-        if not key and not replaying and not real.openai_is_local(self.base_url):
-            raise real.missing_key("openai")  # the chat adapter's key and message
-        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _timeout(self) -> tuple[float, float]:
         connect, read = real.llm_timeout(self.read_timeout_s)
