@@ -4,6 +4,7 @@ it (docs/design.md, "Money: cost, the rate card and the cap"). The cost of each 
 """
 
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -138,3 +139,46 @@ class Reservation(models.Model):
 
     def __str__(self):
         return f"{self.key} {self.amount} ({self.state})"
+
+
+PRICE_DRIFT_MODEL_CONSTRAINT = "price_drift_model"
+
+
+class PriceDrift(models.Model):
+    """A model whose attempts settle above what was reserved for them: the rate card (a price, or `free`)
+    says less than the provider charges (docs/design.md, "The cap holds whatever the price says").
+
+    Written by the settle that first shows it, in the same statement (billing.services): from that commit
+    on, every reservation of the model is taken at no less than `highest_cost_usd` (the reservation's own
+    statement reads it), so a wrong price lets a client's spend past its cap by at most the calls that
+    were already in flight when the drift was first seen. It holds until an operator clears it (with the
+    billing permission, audited) or PRICE_DRIFT_HOLD_S after it was last seen."""
+
+    model = models.CharField(max_length=200)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    # The attempt that showed it first: what was reserved for it, and what it cost.
+    reserved_usd = models.DecimalField(max_digits=12, decimal_places=6)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6)
+    # The highest settled cost of the model since: the least its next reservations are taken at.
+    highest_cost_usd = models.DecimalField(max_digits=12, decimal_places=6)
+    drifts = models.PositiveIntegerField(default=1)  # settles above their reservation since first seen
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    cleared_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            # One row per model: the settle's upsert and every reservation's floor read it by name.
+            models.UniqueConstraint(fields=["model"], name=PRICE_DRIFT_MODEL_CONSTRAINT),
+        ]
+        ordering = ["-last_seen_at"]
+        verbose_name = "price drift"
+
+    def __str__(self):
+        return f"{self.model}: reserved {self.reserved_usd}, cost up to {self.highest_cost_usd}"
+
+    @property
+    def holds(self) -> bool:
+        """Whether it still raises the model's reservations (the same rule as billing.services' floor)."""
+        age_s = (timezone.now() - self.last_seen_at).total_seconds()
+        return self.cleared_at is None and age_s < settings.PRICE_DRIFT_HOLD_S

@@ -13,19 +13,21 @@ cached_tokens, which the adapter splits out) and `output_tokens` includes reason
 them in completion_tokens, at the output price).
 """
 
-import json
-import os
+import logging
 import re
 import time
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-
 from billing.models import ModelPrice, PriceUnit
 
+logger = logging.getLogger(__name__)
+
 MICRO = Decimal("0.000001")
+# The most an amount of money can be: what numeric(12,6), every column of money, holds.
+MAX_AMOUNT = Decimal("999999.999999")
+# A price by parameters is a table an operator types: bounded, as every input is.
+MAX_VARIANTS = 1000
 MILLION = Decimal(1_000_000)
 D = Decimal
 
@@ -153,17 +155,27 @@ DEFAULTS: dict[str, dict] = {
 # A dated or aliased snapshot is priced as its model: claude-sonnet-4-5-20250929, gpt-4.1-mini-2025-04-14.
 _SNAPSHOT = re.compile(r"^(?P<base>.+?)(-\d{8}|-\d{4}-\d{2}-\d{2}|-latest)$")
 
-_overrides: dict = {"at": float("-inf"), "rows": {}, "file": {}, "file_stamp": None}
+_overrides: dict = {"at": float("-inf"), "rows": {}}
+
+
+def _no_file_prices() -> dict:
+    return {}
+
+
+# The models file's prices, as the models file in force states them. The file is one document (a model's
+# spec and its price), read and checked whole by executor.registry, which hands this port down at start
+# (executor.apps): a wrong file changed at run time leaves the last good one's prices in force with its
+# specs, never half of it.
+file_prices_from = _no_file_prices
 
 
 def _override_rows() -> dict:
     """The overrides, the models file's prices under the admin's rows, read at most every
     OVERRIDES_CACHE_S per process (the rate card is read on every reservation; an edit takes effect within
-    seconds). The file is read again when it changed."""
+    seconds)."""
     now = time.monotonic()
     if now - _overrides["at"] > OVERRIDES_CACHE_S:
-        _overrides["file"] = _file_prices()
-        _overrides["rows"] = {**_overrides["file"], **{row.model: _from_row(row) for row in ModelPrice.objects.all()}}
+        _overrides["rows"] = {**file_prices_from(), **{row.model: _from_row(row) for row in ModelPrice.objects.all()}}
         _overrides["at"] = now
     return _overrides["rows"]
 
@@ -173,45 +185,18 @@ def forget_overrides() -> None:
     _overrides["at"] = float("-inf")
 
 
-def _file_prices() -> dict[str, Rate]:
-    """Each model's `price` in the models file (MODELS_FILE; executor.registry reads the rest of each
-    entry), kept until the file's modification time or size changes."""
-    path = settings.MODELS_FILE
-    if not path:
-        return {}
-    try:
-        stat = os.stat(path)
-    except OSError as exc:
-        raise ImproperlyConfigured(f"MODELS_FILE {path!r} cannot be read: {exc}") from exc
-    stamp = (path, stat.st_mtime_ns, stat.st_size)
-    if _overrides["file_stamp"] == stamp:
-        return _overrides["file"]
-    with open(path, encoding="utf-8") as handle:
-        entries = json.load(handle).get("models", [])
-    prices = {entry["name"]: rate_from(entry["name"], entry["price"]) for entry in entries if entry.get("price")}
-    _overrides["file_stamp"] = stamp
-    return prices
-
-
-def file_prices_check() -> None:
-    """ValueError naming the first model of the models file whose price is wrong (the start-up check)."""
-    path = settings.MODELS_FILE
-    if not path:
-        return
-    with open(path, encoding="utf-8") as handle:
-        entries = json.load(handle).get("models", [])
-    for entry in entries:
-        if entry.get("price") is not None:
-            try:
-                rate_from(entry["name"], entry["price"])
-            except ValueError as exc:
-                raise ValueError(f"MODELS_FILE, model {entry['name']}: price: {exc}") from None
-
-
 def _from_row(row) -> Rate:
+    """An admin row's rate. A row its form would refuse (written before a rule existed, or by hand) makes
+    the model unknown to the card, never cheaper: the penalty tier, unpriced, and a log line."""
+    try:
+        variants = parse_variants(row.variants)
+    except ValueError as exc:
+        logger.error("the rate card's override of %s is refused (%s): its model is priced at the penalty tier",
+                     row.model, exc)
+        return Rate(row.model, known=False)
     return Rate(row.model, input=row.input_per_mtok_usd, output=row.output_per_mtok_usd,
                 cache_write=row.cache_write_per_mtok_usd, cache_read=row.cache_read_per_mtok_usd,
-                per_unit=row.per_unit_usd, unit=row.unit, free=row.free, variants=parse_variants(row.variants))
+                per_unit=row.per_unit_usd, unit=row.unit, free=row.free, variants=variants)
 
 
 _PRICE_FIELDS = {"input": "input", "output": "output", "cache_write": "cache_write", "cache_read": "cache_read",
@@ -231,12 +216,17 @@ def rate_from(model_name: str, price: dict) -> Rate:
     unit = price.get("unit", "")
     if unit and unit not in PriceUnit.values:
         raise ValueError(f"unit must be one of {', '.join(PriceUnit.values)}")
+    # `free` is a JSON boolean: the string "false" is true to Python, and made a $0.40 render free (its
+    # reservation 0, so no cap held).
+    free = price.get("free", False)
+    if not isinstance(free, bool):
+        raise ValueError(f"free: true or false (a JSON boolean), not {free!r}")
     variants = parse_variants(price.get("variants"))
     if variants and "per_unit" not in amounts:
         amounts["per_unit"] = max(variants["prices"].values())
     if ("input" in amounts) != ("output" in amounts) and "per_unit" not in amounts:
         raise ValueError("a token price states both input and output")
-    return Rate(model_name, unit=unit, free=bool(price.get("free")), variants=variants, **amounts)
+    return Rate(model_name, unit=unit, free=free, variants=variants, **amounts)
 
 
 def parse_variants(variants) -> dict | None:
@@ -244,9 +234,16 @@ def parse_variants(variants) -> dict | None:
     the values of `by`, in order, joined by commas) or the code's form (tuple keys), as the code's form."""
     if not variants:
         return None
-    if not isinstance(variants, dict) or not isinstance(variants.get("by"), (list, tuple)) or not variants["by"]:
+    if not isinstance(variants, dict) or set(variants) - {"by", "prices", "defaults"}:
+        raise ValueError("variants are {\"by\", \"prices\", \"defaults\"}")
+    if not isinstance(variants.get("by"), (list, tuple)) or not variants["by"] or not all(
+            isinstance(name, str) and name for name in variants["by"]):
         raise ValueError("variants need `by`, the parameters a price depends on")
-    by = tuple(str(name) for name in variants["by"])
+    by = tuple(variants["by"])
+    if not isinstance(variants.get("prices") or {}, dict) or not isinstance(variants.get("defaults") or {}, dict):
+        raise ValueError("variants' prices and defaults are objects")
+    if len(variants.get("prices") or {}) > MAX_VARIANTS:
+        raise ValueError(f"variants: at most {MAX_VARIANTS} prices")
     prices = {}
     for key, amount in (variants.get("prices") or {}).items():
         values = tuple(key) if isinstance(key, tuple) else tuple(str(key).split(","))
@@ -275,12 +272,20 @@ def variant_price(rate: Rate, params: dict | None) -> Decimal | None:
 
 
 def _amount(value, name: str) -> Decimal:
+    """An amount as money holds it: what numeric(12,6) can (a price of 1e30 left every job naming its model
+    running, its reservation an InvalidOperation), finite, not negative, no finer than a millionth."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, Decimal)):
+        raise ValueError(f"{name}: {value!r} is not an amount")
     try:
-        amount = D(str(value))
+        amount = D(str(value).strip())
     except InvalidOperation:
         raise ValueError(f"{name}: {value!r} is not an amount") from None
     if not amount.is_finite() or amount < 0:
         raise ValueError(f"{name}: an amount is finite and not negative")
+    if amount > MAX_AMOUNT:
+        raise ValueError(f"{name}: {value!r} is more than an amount can be ({MAX_AMOUNT})")
+    if amount != amount.quantize(MICRO, rounding=ROUND_HALF_UP):
+        raise ValueError(f"{name}: {value!r} has more than 6 decimal places")
     return amount
 
 

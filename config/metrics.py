@@ -28,6 +28,14 @@ COUNTERS = {
                   "Provider callbacks received, by what payonce answered (executor.callbacks)."),
     "polls": ("outcome", ("running", "succeeded", "failed", "cancelled", "error"),
               "Polls of an accepted attempt, by what the provider said (error: the poll itself failed)."),
+    "models_file": ("outcome", ("loaded", "rejected"),
+                    "A models file changed at run time: loaded (valid, now in force), or rejected (wrong or unreadable: "
+                    "the last good one stays in force, and the log line names every problem)."),
+    "price_drifts": ("seen", ("first", "again"),
+                     "Attempts that settled above their reservation (a price drift: the rate card says less than the "
+                     "provider charges): the first of a model's drift, or again while it holds (billing.services)."),
+    "sweep_errors": ("sweep", ("stuck_jobs", "cancelled_attempts", "fold", "deliveries"),
+                     "Rows a periodic sweep could not act on: each is logged and skipped, and the pass goes on."),
     "lease_takeovers": ("kind", ("media", "report"),
                         "Steps taken over from another holder whose lease ran out (its worker died or stalled), "
                         "by job kind: the logs' step.taken_over lines (jobs.steps._log_claim)."),

@@ -215,6 +215,10 @@ OUTPUT_STORE_URL = env_str("OUTPUT_STORE_URL", "file://./var/outputs")
 SANDBOX_URL = env_str("SANDBOX_URL", f"http://127.0.0.1:{env_int('SANDBOX_PORT', 8100)}").rstrip("/")
 WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 BUDGET_MONTHLY_CAP_USD = env_decimal("BUDGET_MONTHLY_CAP_USD", "20")
+# A price drift (an attempt that settled above its reservation: the rate card says less than the provider
+# charges) raises the model's reservations to the highest cost seen for this long after it was last seen,
+# unless an operator clears it first (billing.models.PriceDrift).
+PRICE_DRIFT_HOLD_S = env_float("PRICE_DRIFT_HOLD_S", 30 * 24 * 3600.0, minimum=1.0)
 REAL_PROVIDERS = env_bool("REAL_PROVIDERS", False)
 SWEEP_INTERVAL_S = env_float("SWEEP_INTERVAL_S", 10.0, minimum=0.1)
 POLL_INTERVAL_S = env_float("POLL_INTERVAL_S", 2.0, minimum=0.05)
@@ -294,6 +298,11 @@ STORE_RETRY_WINDOW_S = env_float("STORE_RETRY_WINDOW_S", 600.0, minimum=1.0)
 # job's policy.window_s nor the provider sets a window. Past it the attempt is cancelled upstream where
 # the provider can and ends window_expired.
 WAIT_DEADLINE_S = env_float("WAIT_DEADLINE_S", 3600.0, minimum=1.0)
+# Every wait ends for an attempt whose send's outcome is unknown too: past this long after its first send
+# with no answer that settles it (resends of a key unanswered, lookups that cannot conclude), it becomes
+# uncertain and its job waits for a person (UNCERTAIN_SUBMIT), as a blind provider's does at once. A
+# provider that accepts and never answers held a lookup job running for good without it.
+UNKNOWN_OUTCOME_MAX_S = env_float("UNKNOWN_OUTCOME_MAX_S", 900.0, minimum=1.0)
 # How long the sandbox remembers a request_id (unset: for ever, as it does by default). The sandbox
 # server and payonce's sandbox adapter read the same variable, so a test or a demo of a key that expires
 # sees both sides agree: past it, an attempt whose outcome is unknown is uncertain, never resent.

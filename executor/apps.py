@@ -13,17 +13,15 @@ class ExecutorConfig(AppConfig):
         check_real_providers()
         # A models file that cannot be read, or an entry in it that is wrong, refuses to start too, each
         # problem named (executor.registry; the admin's form refuses a wrong row where it is written).
+        # The file is one document, a model's spec and its price: the registry reads and checks it whole,
+        # and hands its prices down to the rate card (a port: billing stands below the executor).
         from django.core.exceptions import ImproperlyConfigured
 
         from billing import rates  # ready(): settings and apps are loaded
-        from executor.registry import check_models_file  # ready(): its models import the app's models
+        from executor import registry  # ready(): its models import the app's models
 
-        problems = check_models_file()
-        if not problems:
-            rates.forget_overrides()
-            try:
-                rates.file_prices_check()
-            except ValueError as exc:
-                problems.append(str(exc))
+        rates.file_prices_from = registry.file_prices
+        problems = registry.check_models_file()
+        rates.forget_overrides()
         if problems:
             raise ImproperlyConfigured("; ".join(problems))

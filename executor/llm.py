@@ -18,7 +18,6 @@ from executor import policy, record, services
 from executor.models import Attempt, AttemptState
 from executor.providers.base import ProviderError
 from executor.record import Money
-from executor.registry import model_spec
 from jobs.outcomes import JobFailure, StepRetry
 
 
@@ -53,8 +52,8 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
     if earlier:
         last = earlier[-1]
         if last.state == AttemptState.FAILED and last.error_class not in policy.LLM_RETRYABLE:
-            raise JobFailure(policy.STOP_CODES.get(last.error_class, "PROVIDER_REFUSED"), last.error or "",
-                             attempt=last.number)
+            code = policy.STOP_CODES.get(last.error_class) or policy.MOVE_ON.get(last.error_class, ("", "PROVIDER_REFUSED"))[1]
+            raise JobFailure(code, last.error or "", attempt=last.number)
         if len(earlier) >= policy.LLM_ATTEMPTS:
             raise JobFailure("ATTEMPTS_EXHAUSTED", last.error or "no answer", attempt=last.number)
         if last.retry_at and last.retry_at > timezone.now():
@@ -78,10 +77,12 @@ def _attempt(job, *, step: str, model_name: str, system: str, messages: list[dic
     """One attempt: the intent with its worst case reserved (or drawn from a fan-out's `pool`), the call,
     then the attempt ended with its usage and derived cost, its reservation settled or released in the
     same transaction."""
-    spec = model_spec(model_name)
     attempt = record.intend(job, model_name, step=step, pool=pool,
                             worst_case=worst_case(model_name, system=system, messages=messages, max_tokens=max_tokens),
                             request={"system": system, "messages": messages, "max_tokens": max_tokens})
+    if attempt.state != AttemptState.SUBMITTING:
+        return attempt  # the model was gone from the catalog: failed unavailable, nothing reserved or sent
+    spec = record.attempt_spec(attempt)
     started = time.monotonic()
     record.log("attempt.sent", attempt, sends=attempt.sends)
     try:

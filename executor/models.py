@@ -46,6 +46,11 @@ class Attempt(models.Model):
     # Where the finished work is. Set while `running`, it came with the submit's answer (the provider
     # answered with the finished work: nothing to poll for).
     output_url = models.TextField(null=True, blank=True)
+    # The model as the attempt went out with it (executor.registry.ModelSpec.snapshot: provider, kind,
+    # content type, capabilities), written with its intent: it is waited on, cancelled, resolved and stored
+    # by what it was sent as, whatever the catalog says later (a model disabled or removed while its
+    # renders are out strands none of them). Null: an attempt written before it was kept, or never sent.
+    spec = models.JSONField(null=True, blank=True)
     sends = models.PositiveIntegerField(default=0)
     # The HTTP status the provider answered the latest send with; null while it is out, or when no
     # answer came (a transport error, a crash): a send with no answer may still land.
@@ -85,6 +90,8 @@ class Attempt(models.Model):
         indexes = [
             # A provider's callback names its generation: the doorbell finds the attempt by it.
             models.Index(fields=["provider", "upstream_id"], name="attempt_upstream_id"),
+            # The uncertain attempts, few: the age of the oldest one waiting for a person (operators.metrics).
+            models.Index(fields=["finished_at"], name="attempt_uncertain", condition=Q(state=AttemptState.UNCERTAIN)),
         ]
         ordering = ["number"]
 

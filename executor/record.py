@@ -24,7 +24,9 @@ from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
 from config.sql import violated_constraint
 from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
-from executor.registry import model_spec
+from executor.providers import ADAPTERS
+from executor.providers.base import CHEAP_LLM, ErrorClass
+from executor.registry import ModelSpec, code_spec, model_spec
 from jobs.outcomes import JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
@@ -54,9 +56,9 @@ def upstream_key_parts(text: str) -> tuple[uuid.UUID, int] | None:
 # two apps to save a commit: tests/jobs/test_commit_budget.py holds the budget it exists for.
 _INTENT_SQL = f"""
 INSERT INTO executor_attempt (job_id, run, step, number, provider, model, upstream_key, upstream_id, state,
-                              request, sends, poll_errors, created_at, submitted_at)
+                              request, spec, sends, poll_errors, created_at, submitted_at)
 SELECT %(a_job)s, %(a_run)s, %(a_step)s, %(a_number)s, %(a_provider)s, %(a_model)s, %(a_key)s, '',
-       '{AttemptState.SUBMITTING}', %(a_request)s, 1, 0, %(a_now)s, %(a_now)s
+       '{AttemptState.SUBMITTING}', %(a_request)s, %(a_spec)s, 1, 0, %(a_now)s, %(a_now)s
   FROM reserved
 RETURNING id
 """
@@ -88,6 +90,10 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
        reserved for a cancelled job, Job.NOT_CANCELLED_SQL).
     3. It refuses to run inside an outer transaction: one rolled back after the call went out would
        leave spend with no record (the provider charged; the intent, its key and its reservation gone).
+       The intent keeps the model's spec as it is now (Attempt.spec): the attempt is waited on,
+       resolved, cancelled and stored by it, whatever the catalog says later. A model the catalog no
+       longer has (disabled or removed since the job was accepted) is not sent to: the attempt is
+       written failed `unavailable`, with nothing reserved, and the runner falls back or ends the run.
     4. Two executions deciding to pay at once race on the named constraints. On attempt_job_number or
        reservation_key (the same number, so the same upstream key: parallel chapters of one job) the
        loser's statement fails whole, its reservation too, and it takes the next number at once. On
@@ -98,6 +104,9 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
         raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
                            "whose rollback after the call would lose the record of the spend")
     spec = model_spec(model_name)
+    if spec is None:
+        return _unavailable(job, model_name, step=step, number_hint=number_hint)
+    kept = Attempt._meta.get_field("spec").get_db_prep_save(spec.snapshot(), connection)
     worst = worst_case if worst_case is not None else media_worst_case(model_name, request)
     for _ in range(_NUMBER_TRIES):
         number, number_hint = number_hint or next_number(job), None
@@ -105,7 +114,7 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
         sent = {**request, "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key}}
         now = timezone.now()
         intent = {"a_job": job.id, "a_run": job.run, "a_step": step, "a_number": number, "a_provider": spec.provider,
-                  "a_model": spec.model, "a_key": key, "a_now": now,
+                  "a_model": spec.model, "a_key": key, "a_now": now, "a_spec": kept,
                   "a_request": Attempt._meta.get_field("request").get_db_prep_save(sent, connection)}
         try:
             rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
@@ -125,10 +134,51 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
                              worst_case_usd=str(worst))
         attempt = Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
                           model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
-                          request=sent, sends=1, poll_errors=0, created_at=now, submitted_at=now)
+                          request=sent, spec=spec.snapshot(), sends=1, poll_errors=0, created_at=now, submitted_at=now)
         log("attempt.intent", attempt, worst_case_usd=worst)
         return attempt
     raise StepRetry("the job's attempt numbers are contended; trying again", countdown=0.2)
+
+
+def _unavailable(job, model_name: str, *, step: str, number_hint: int | None) -> Attempt:
+    """An attempt on a model the catalog no longer has, ended before anything was reserved or sent: a
+    definite, unpaid end (`unavailable`), so the attempt runner's table decides what follows (the chain's
+    next model where the policy's fallback_on allows, else PROVIDER_UNAVAILABLE). Its number is the job's
+    next, as any attempt's."""
+    provider, _, model = model_name.partition("/")
+    for _ in range(_NUMBER_TRIES):
+        number, number_hint = number_hint or next_number(job), None
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                attempt = Attempt.objects.create(
+                    job=job, run=job.run, step=step, number=number, provider=provider, model=model,
+                    upstream_key=upstream_key(job.id, number), state=AttemptState.FAILED,
+                    error_class=ErrorClass.UNAVAILABLE, sends=0, created_at=now, finished_at=now, duration_ms=0,
+                    error=f"{model_name} is disabled or no longer in the catalog; nothing was sent")
+        except IntegrityError as exc:
+            if violated_constraint(exc) == ATTEMPT_NUMBER_CONSTRAINT:
+                continue  # a sibling step took the number first: the next one
+            raise
+        log_end(attempt)
+        return attempt
+    raise StepRetry("the job's attempt numbers are contended; trying again", countdown=0.2)
+
+
+def attempt_spec(attempt: Attempt) -> ModelSpec:
+    """The model as the attempt went out with it (its intent's snapshot), whatever the catalog says now:
+    an attempt out is waited on, resolved, cancelled and stored by it. An attempt written before the
+    snapshot was kept takes the catalog's spec, else the code's, else its adapter's own capabilities."""
+    if attempt.spec:
+        return ModelSpec.from_snapshot(attempt.spec)
+    name = attempt.model_name
+    found = model_spec(name) or code_spec(name)
+    if found is not None:
+        return found
+    text = attempt.step != "submit"  # a report's synthesis and chapters are text calls; a render is `submit`
+    capabilities = getattr(ADAPTERS.get(attempt.provider), "capabilities", CHEAP_LLM)
+    return ModelSpec(attempt.provider, attempt.model, "text" if text else "image",
+                     "text/markdown" if text else "application/octet-stream", "md" if text else "bin", capabilities)
 
 
 def next_number(job) -> int:
@@ -214,9 +264,9 @@ def end_fields(attempt: Attempt, *, money: Money, fields: dict) -> dict:
 def in_flight_s(attempt: Attempt) -> float:
     """The longest a send of this attempt may take to reach its provider and be answered: the connect
     timeout and the read timeout of its kind of call (an LLM call may write for minutes; a model no longer
-    in the catalog is given the longer one)."""
-    spec = model_spec(attempt.model_name)
-    text = spec is None or spec.kind == "text"
+    in the catalog, and of which the attempt keeps no spec, is given the longer one)."""
+    known = attempt.spec or model_spec(attempt.model_name) or code_spec(attempt.model_name)
+    text = not known or attempt_spec(attempt).kind == "text"
     return settings.PROVIDER_CONNECT_TIMEOUT_S + (settings.LLM_READ_TIMEOUT_S if text else settings.PROVIDER_READ_TIMEOUT_S)
 
 
@@ -269,10 +319,13 @@ def accepted(attempt: Attempt) -> dict:
             "upstream_key": attempt.upstream_key}
 
 
-def finished(attempt: Attempt) -> dict:
-    """The wait step's result: the attempt that succeeded, and where its output is."""
-    finished_at = attempt.finished_at.isoformat() if attempt.finished_at else None
-    return {**accepted(attempt), "output_url": attempt.output_url, "finished_at": finished_at}
+def finished(attempt: Attempt, *, finished_at=None) -> dict:
+    """The wait step's result: the attempt that succeeded, where its output is, and what it made (its
+    content type, as the attempt's spec says: the model may have left the catalog since it went out)."""
+    finished_at = finished_at or attempt.finished_at
+    return {**accepted(attempt), "output_url": attempt.output_url,
+            "finished_at": finished_at.isoformat() if finished_at else None,
+            "content_type": attempt_spec(attempt).content_type}
 
 
 # --- the log -------------------------------------------------------------------------------------------------

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from billing import rates
+from config.logs import log_event
+from config.metrics import count
 from executor.models import ModelConfig, ModelKind
 from executor.providers import ADAPTERS, anthropic, fal, openai_compat, openai_images, real, replicate
 from executor.providers.base import CHEAP_LLM, Capabilities
@@ -108,7 +111,28 @@ class ModelSpec:
     @property
     def job_kind(self) -> str:
         """The job kind this model can serve: media renders or report chapters."""
-        return "report" if self.kind == "text" else "media"
+        return job_kind_of(self.kind)
+
+    def snapshot(self) -> dict:
+        """The spec as an attempt keeps it (Attempt.spec): what waiting on, cancelling and settling the
+        attempt need, whatever happens to the catalog after it went out. Its parameters are not kept:
+        they are checked at submit, before any attempt exists."""
+        capabilities = dataclasses.asdict(self.capabilities)
+        capabilities["unpaid_statuses"] = sorted(self.capabilities.unpaid_statuses)
+        return {"provider": self.provider, "model": self.model, "kind": self.kind, "content_type": self.content_type,
+                "extension": self.extension, "capabilities": capabilities}
+
+    @classmethod
+    def from_snapshot(cls, kept: Mapping) -> "ModelSpec":
+        capabilities = {name: value for name, value in kept["capabilities"].items() if name in _CAPABILITY_FIELDS}
+        capabilities["unpaid_statuses"] = frozenset(capabilities.get("unpaid_statuses") or ())
+        return cls(kept["provider"], kept["model"], kept["kind"], kept["content_type"], kept["extension"],
+                   Capabilities(**capabilities))
+
+
+def job_kind_of(kind: str) -> str:
+    """The job kind a model of this kind (video, image, text) serves."""
+    return "report" if kind == "text" else "media"
 
 
 # The sandbox answers every status_* fault before accepting anything (it never charges for one), and it
@@ -201,22 +225,69 @@ def _pattern_spec(name: str) -> ModelSpec | None:
     return None
 
 
-# --- the file's and the admin's layers --------------------------------------------------------------------
+# --- the file's and the admin's layers: one validator ------------------------------------------------------
+#
+# What an operator writes is input. A model entry (the models file's, an admin row's with its price) is
+# checked by one validator, `check_entry`, wherever it comes from, and refused where it is written: the
+# admin's form names the field, a models file with a wrong entry refuses to start, and one changed at run
+# time replaces the one in memory only once all of it is valid (`models_file`). The code's own catalog
+# passes the same validator (tests/executor/test_catalog.py).
 
 _CAPABILITY_FIELDS = {field.name: field for field in dataclasses.fields(Capabilities)}
 _PARAM_FIELDS = {"name", "type", "minimum", "maximum", "nullable", "choices"}
+# What an entry may state: a field outside these (a typo such as `enable`) is refused, never ignored.
+ENTRY_FIELDS = ("name", "enabled", "provider", "kind", "content_type", "capabilities", "params", "price", "note")
+# A window is a wait, and every wait ends: a provider's stated window on one attempt is at most a week.
+# A key's lifetime is at most a year (null: for ever, as the sandbox's).
+MAX_WINDOW_S = 7 * 24 * 3600
+MAX_KEY_TTL_S = 366 * 24 * 3600
 # An output's file extension by content type, where mimetypes' first guess is not the usual one.
 _EXTENSIONS = {"image/jpeg": "jpg", "text/markdown": "md", "application/octet-stream": "bin"}
 
 
+def check_entry(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec | None:
+    """The one validator of an operator's model: `entry` (a models file entry, or an admin row with its
+    price as a models file states one) over `below` (what the layers under it say, or None). Returns the
+    spec it makes, None when it disables the model. ValueError names the field and what is wrong."""
+    spec = spec_from(name, entry, below)
+    price = entry.get("price")
+    if price is not None:
+        try:
+            rate = rates.rate_from(name, price)
+        except ValueError as exc:
+            raise ValueError(f"price: {exc}") from None
+        kind = spec.kind if spec is not None else (below.kind if below is not None else "")
+        _price_suits(kind, rate)
+    return spec
+
+
+def _price_suits(kind: str, rate: rates.Rate) -> None:
+    """A text model's call is reserved from token prices, a render's from a unit price: a price of the
+    other form would reserve nothing that bounds the call (a text model priced per unit reserved one
+    unit for a call of 8,000 output tokens)."""
+    if rate.free or not kind:
+        return
+    if kind == "text" and not rate.priced_by_tokens:
+        raise ValueError("price: a text model is priced by tokens (input and output per million), or free")
+    if kind != "text" and rate.per_unit is None:
+        raise ValueError("price: a media model is priced per unit (per_unit and unit, or variants), or free")
+
+
 def spec_from(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec | None:
-    """The model `name` as `entry` (a models file entry, or an admin row as a dict) states it over
-    `below` (what the layers under it say, or None); None when the entry disables it. ValueError names
-    the first thing wrong, so a bad entry is refused where it is written (the admin's form, the file's
-    check at start)."""
+    """The model `name` as `entry` states it over `below` (its price aside: check_entry); None when the
+    entry disables it. ValueError names the first thing wrong."""
     if not _NAME.match(name):
         raise ValueError(f"{name!r} is not provider/model")
-    if entry.get("enabled") is False:
+    if not isinstance(entry, Mapping):
+        raise ValueError("a model is an object")
+    unknown = set(entry) - set(ENTRY_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields: {', '.join(sorted(unknown))} (known: {', '.join(ENTRY_FIELDS)})")
+    _refuse_non_finite(entry)
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled: true or false (a JSON boolean), not {enabled!r}")
+    if not enabled:
         return None
     provider = entry.get("provider") or (below.provider if below else "")
     if provider != name.partition("/")[0]:
@@ -226,15 +297,42 @@ def spec_from(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec |
     kind = entry.get("kind") or (below.kind if below else "")
     if kind not in ModelKind.values:
         raise ValueError(f"kind must be one of {', '.join(ModelKind.values)}")
+    _kind_suits(provider, kind, below)
     content_type = entry.get("content_type") or (below.content_type if below and below.kind == kind else "")
     content_type = content_type or ("text/markdown" if kind == "text" else "application/octet-stream")
-    if kind != "text" and content_type not in OUTPUT_CONTENT_TYPES:
+    if not isinstance(content_type, str) or (kind != "text" and content_type not in OUTPUT_CONTENT_TYPES):
         raise ValueError(f"content_type must be one of {', '.join(OUTPUT_CONTENT_TYPES)}")
     base = below.capabilities if below else getattr(ADAPTERS[provider], "capabilities", CHEAP_LLM)
     capabilities = _capabilities(base, entry.get("capabilities") or {})
     params = _params(entry["params"]) if entry.get("params") is not None else (below.params if below else None)
     extension = _EXTENSIONS.get(content_type) or (mimetypes.guess_extension(content_type) or ".bin").lstrip(".")
     return ModelSpec(provider, name.partition("/")[2], kind, content_type, extension, capabilities, params)
+
+
+def _kind_suits(provider: str, kind: str, below: ModelSpec | None) -> None:
+    """A model keeps the job kind the layers below give it (a video model declared `text` would be sent a
+    report's chapters, and a job naming it would be priced as neither), and its adapter must make that
+    kind: a text model is a `complete` call, a media model a `submit`."""
+    if below is not None and job_kind_of(kind) != below.job_kind:
+        raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a {below.job_kind} model stays one)")
+    call = "complete" if kind == "text" else "submit"
+    if not callable(getattr(ADAPTERS[provider], call, None)):
+        raise ValueError(f"kind: provider {provider} makes no {kind} (its adapter has no {call})")
+
+
+def _refuse_non_finite(value, path: str = "") -> None:
+    """NaN and Infinity are not JSON, yet Python's json reads them: PostgreSQL then refuses the row (a 500
+    in the admin), and a NaN bound compares false with everything (it refuses nothing)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path or 'a value'}: {value!r} is not a number JSON can hold")
+    children = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        _refuse_non_finite(child, f"{path}.{key}" if path else str(key))
+
+
+def _number(value) -> bool:
+    """A JSON number: an int or a finite float, never a bool (True is an int to Python)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _capabilities(base: Capabilities, stated: Mapping) -> Capabilities:
@@ -246,16 +344,45 @@ def _capabilities(base: Capabilities, stated: Mapping) -> Capabilities:
     changes = {}
     for key, value in stated.items():
         if key == "unpaid_statuses":
-            if not isinstance(value, list) or not all(isinstance(s, int) and 400 <= s <= 599 for s in value):
+            if not isinstance(value, list) or not all(
+                    isinstance(s, int) and not isinstance(s, bool) and 400 <= s <= 599 for s in value):
                 raise ValueError("unpaid_statuses is a list of HTTP statuses (400-599)")
             value = frozenset(value)
         elif key in ("key_ttl_s", "window_s"):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise ValueError(f"{key} is a number of seconds above 0, or null")
+            most = MAX_WINDOW_S if key == "window_s" else MAX_KEY_TTL_S
+            if value is not None and (not _number(value) or not 0 < value <= most):
+                raise ValueError(f"{key} is a number of seconds above 0 and at most {most}, or null")
         elif not isinstance(value, bool):
             raise ValueError(f"{key} is true or false")
         changes[key] = value
     return dataclasses.replace(base, **changes)
+
+
+def _param(each) -> Param:
+    """One declared parameter, checked: a bound that is not a number (`"minimum": "abc"` was a 500 at
+    every submit naming the parameter) or is not finite refuses nothing, or everything."""
+    if not isinstance(each, Mapping) or not isinstance(each.get("name"), str) or set(each) - _PARAM_FIELDS:
+        raise ValueError(f"a parameter is {{{', '.join(sorted(_PARAM_FIELDS))}}} with a name: {each!r}")
+    name, kind = each["name"], each.get("type")
+    if not 0 < len(name) <= 100:
+        raise ValueError(f"a parameter's name is 1 to 100 characters: {name!r}")
+    if kind not in ("number", "integer", "string"):
+        raise ValueError(f"{name}: type is number, integer or string")
+    for bound in ("minimum", "maximum"):
+        if each.get(bound) is not None and (kind == "string" or not _number(each[bound])):
+            raise ValueError(f"{name}: {bound} is a number (of a number or integer parameter), not {each[bound]!r}")
+    if each.get("minimum") is not None and each.get("maximum") is not None and each["minimum"] > each["maximum"]:
+        raise ValueError(f"{name}: minimum is above maximum")
+    if not isinstance(each.get("nullable", False), bool):
+        raise ValueError(f"{name}: nullable is true or false")
+    choices = each.get("choices")
+    if choices is not None:
+        fits = (lambda v: isinstance(v, str)) if kind == "string" else (
+            (lambda v: isinstance(v, int) and not isinstance(v, bool)) if kind == "integer" else _number)
+        if not isinstance(choices, list) or not choices or not all(fits(choice) for choice in choices):
+            raise ValueError(f"{name}: choices is a list of {kind} values")
+    return Param(name, kind, minimum=each.get("minimum"), maximum=each.get("maximum"),
+                 nullable=each.get("nullable", False), choices=tuple(choices) if choices else None)
 
 
 def _params(stated) -> tuple[Param, ...] | None:
@@ -263,17 +390,10 @@ def _params(stated) -> tuple[Param, ...] | None:
         return None
     if not isinstance(stated, list):
         raise ValueError('params is a list of parameters, or "any"')
-    params = []
-    for each in stated:
-        if not isinstance(each, Mapping) or not isinstance(each.get("name"), str) or set(each) - _PARAM_FIELDS:
-            raise ValueError(f"a parameter is {{{', '.join(sorted(_PARAM_FIELDS))}}} with a name: {each!r}")
-        if each.get("type") not in ("number", "integer", "string"):
-            raise ValueError(f"{each['name']}: type is number, integer or string")
-        choices = each.get("choices")
-        if choices is not None and (not isinstance(choices, list) or not choices):
-            raise ValueError(f"{each['name']}: choices is a list of values")
-        params.append(Param(each["name"], each["type"], minimum=each.get("minimum"), maximum=each.get("maximum"),
-                            nullable=bool(each.get("nullable")), choices=tuple(choices) if choices else None))
+    params = [_param(each) for each in stated]
+    names = [param.name for param in params]
+    if len(set(names)) != len(names):
+        raise ValueError(f"params: a parameter is declared twice ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     if {p.name for p in params} & set(PAYONCE_INPUT_KEYS):
         raise ValueError(f"{', '.join(PAYONCE_INPUT_KEYS)} are payonce's own keys, not parameters")
     return tuple(params)
@@ -289,23 +409,127 @@ def row_entry(row: ModelConfig) -> dict:
     return entry
 
 
-def file_entries() -> dict[str, dict]:
-    """The models file's entries by name ({} without MODELS_FILE). Raises (OSError, ValueError) when it
-    cannot be read."""
+# --- the models file: read, checked whole, and kept while a changed one is wrong ---------------------------
+
+
+@dataclass(frozen=True)
+class ModelsFile:
+    """A models file as read and found valid: its entries by name, and their prices (billing.rates reads
+    them through `rates.file_prices_from`, the port executor.apps hands it)."""
+
+    path: str
+    stamp: tuple | None
+    entries: Mapping[str, dict]
+    prices: Mapping[str, rates.Rate]
+
+
+class ModelsFileInvalid(ValueError):
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _no_constant(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def read_models_file(path: str) -> ModelsFile:
+    """Read the models file and check all of it (every entry with check_entry over the code's model, no
+    name twice). ModelsFileInvalid names every problem, each with its model."""
+    try:
+        stat = os.stat(path)
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle, parse_constant=_no_constant)
+    except (OSError, ValueError) as exc:  # ValueError: not JSON (UnicodeDecodeError and JSONDecodeError too)
+        raise ModelsFileInvalid([f"MODELS_FILE {path!r}: {exc}"]) from None
+    stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    listed = data.get("models") if isinstance(data, dict) and set(data) <= {"models"} else None
+    if not isinstance(listed, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in listed):
+        raise ModelsFileInvalid([f'MODELS_FILE {path!r}: the models file is {{"models": [{{"name": "provider/model", '
+                                 '...}]}}'])
+    problems, entries, prices = [], {}, {}
+    for entry in listed:
+        name = entry["name"]
+        if name in entries:
+            problems.append(f"MODELS_FILE, model {name}: named twice")
+            continue
+        entries[name] = entry
+        try:
+            check_entry(name, entry, code_spec(name))
+        except ValueError as exc:
+            problems.append(f"MODELS_FILE, model {name}: {exc}")
+            continue
+        if entry.get("price") is not None:
+            prices[name] = rates.rate_from(name, entry["price"])
+    if problems:
+        raise ModelsFileInvalid(problems)
+    return ModelsFile(path, stamp, entries, prices)
+
+
+_NO_FILE = ModelsFile("", None, {}, {})
+# This process's models file: the last one read and found valid, and what was last seen on disk (a stamp,
+# or why it could not be read) so that a wrong file is read, refused and said so once, not at every look.
+_file: dict = {"good": _NO_FILE, "seen": None}
+
+
+def models_file() -> ModelsFile:
+    """The models file in force: the one on disk once it is valid. A file changed (or removed) at run time
+    that is wrong leaves the last good one in force, and says so once: an error log line naming every
+    problem, and payonce_models_file_total{outcome="rejected"} (docs/operating.md alerts on it). A wrong
+    file at start refuses to start instead (check_models_file)."""
     path = settings.MODELS_FILE
     if not path:
-        return {}
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    entries = data.get("models") if isinstance(data, dict) else None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
-        raise ValueError('the models file is {"models": [{"name": "provider/model", ...}]}')
-    return {entry["name"]: entry for entry in entries}
+        return _NO_FILE
+    try:
+        stat = os.stat(path)
+        seen = (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    except OSError as exc:
+        seen = (path, f"{type(exc).__name__}: {exc}")
+    good = _file["good"] if _file["good"].path == path else _NO_FILE
+    if seen == _file["seen"]:
+        return good
+    _file["seen"] = seen
+    try:
+        loaded = read_models_file(path)
+    except ModelsFileInvalid as exc:
+        count("models_file", outcome="rejected")
+        logger.error("models_file.rejected: %s; the models file in force stays %s", "; ".join(exc.problems),
+                     "the one read before" if good.stamp else "none", extra={"path": path, "problems": exc.problems})
+        return good
+    if good.stamp is not None:  # not the first read of this process: a change, said once
+        count("models_file", outcome="loaded")
+        log_event(logger, "models_file.loaded", path=path, models=len(loaded.entries))
+    _file["good"] = loaded
+    return loaded
 
 
-# What the layers say, per process: ({name: [entry, ...]} bottom first, read at (monotonic), the file's
-# stamp), and every spec built from them (cleared with them).
-_layers: dict = {"at": float("-inf"), "entries": {}, "stamp": None, "specs": {}}
+def file_entries() -> Mapping[str, dict]:
+    """The models file's entries by name, as in force ({} without MODELS_FILE)."""
+    return models_file().entries
+
+
+def file_prices() -> Mapping[str, rates.Rate]:
+    """The models file's prices by name, as in force: what billing.rates reads through its port."""
+    return models_file().prices
+
+
+def check_models_file() -> list[str]:
+    """What is wrong with the models file, each entry's own problem named (the start-up check). A valid
+    one is then the one in force."""
+    path = settings.MODELS_FILE
+    if not path:
+        return []
+    try:
+        loaded = read_models_file(path)
+    except ModelsFileInvalid as exc:
+        return exc.problems
+    _file.update(good=loaded, seen=None)
+    return []
+
+
+# What the layers say, per process: ({name: [entry, ...]} bottom first, read at (monotonic)), and every
+# spec built from them (cleared with them).
+_layers: dict = {"at": float("-inf"), "entries": {}, "specs": {}}
 
 
 def _layer_entries() -> dict[str, list[dict]]:
@@ -313,15 +537,7 @@ def _layer_entries() -> dict[str, list[dict]]:
     if now - _layers["at"] <= settings.MODELS_CACHE_S:
         return _layers["entries"]
     entries: dict[str, list[dict]] = {}
-    try:
-        stamp = _file_stamp()
-        files = file_entries() if stamp != _layers["stamp"] else _layers.get("file", {})
-        _layers["file"], _layers["stamp"] = files, stamp
-    except (OSError, ValueError) as exc:
-        # A file broken after start keeps what was read before (the start-up check refuses a broken one).
-        logger.error("the models file %s cannot be read: %s; keeping the models read before", settings.MODELS_FILE, exc)
-        files = _layers.get("file", {})
-    for name, entry in files.items():
+    for name, entry in file_entries().items():
         entries.setdefault(name, []).append(entry)
     for row in ModelConfig.objects.all():
         entries.setdefault(row.name, []).append(row_entry(row))
@@ -329,18 +545,11 @@ def _layer_entries() -> dict[str, list[dict]]:
     return entries
 
 
-def _file_stamp():
-    path = settings.MODELS_FILE
-    if not path:
-        return None
-    stat = os.stat(path)
-    return (path, stat.st_mtime_ns, stat.st_size)
-
-
 def forget_models() -> None:
     """Read the file and the admin's rows again on next use (after an edit: this process at once, the
     others within MODELS_CACHE_S)."""
     _layers["at"] = float("-inf")
+    _file["seen"] = None
 
 
 # A name no layer knows reads the layers again at once, at most this often: a model added in the admin
@@ -373,21 +582,6 @@ def _spec(name: str) -> ModelSpec | None:
     if len(specs) < 4096:  # names are client input: the memo stays bounded
         specs[name] = spec
     return spec
-
-
-def check_models_file() -> list[str]:
-    """What is wrong with the models file, each entry's own problem named (the start-up check)."""
-    try:
-        entries = file_entries()
-    except (OSError, ValueError) as exc:
-        return [f"MODELS_FILE {settings.MODELS_FILE!r}: {exc}"]
-    problems = []
-    for name, entry in entries.items():
-        try:
-            spec_from(name, entry, code_spec(name))
-        except ValueError as exc:
-            problems.append(f"MODELS_FILE, model {name}: {exc}")
-    return problems
 
 
 def provider_params(job_input: Mapping) -> dict:

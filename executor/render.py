@@ -79,13 +79,14 @@ def _submit(job, current: Attempt | None, *, done) -> Attempt:
             # Whoever made it uncertain (this execution a moment ago, another one, or one that died before
             # the job's hold was written): the run stays held for a person. The storm found a blind
             # render paid twice in one run when the next pass went on to the next number here.
-            _uncertain_decided(current, model_spec(current.model_name))
+            _uncertain_decided(current, record.attempt_spec(current))
         model, countdown = _next_model(job, current)
         if countdown > 0:
             raise StepRetry(f"next attempt on {model} after a back-off", countdown=countdown)
         hint = current.number + 1 if current is not None else (1 if job.run == 1 else None)
         current = intend(job, model, number_hint=hint)
-        _send(job, current, done=done, fresh=True)  # the row in hand now says what the record says
+        if current.state == AttemptState.SUBMITTING:  # else the model was gone: failed unavailable, unsent
+            _send(job, current, done=done, fresh=True)  # the row in hand now says what the record says
 
 
 def intend(job, model_name: str, *, number_hint: int | None = None) -> Attempt:
@@ -117,7 +118,7 @@ def wait(job, *, attempt: Attempt | None = None, rung: bool = False, done=None) 
         return record.finished(current)
     if current is None or current.state != AttemptState.RUNNING:
         raise _next_attempt(job)  # a failed or unresolved attempt: the next one goes out (or the run ends)
-    spec = model_spec(current.model_name)
+    spec = record.attempt_spec(current)  # as it went out, whatever the catalog says now
     window = policy.attempt_window_s(policy_window_s=job.policy.get("window_s"),
                                      provider_window_s=spec.capabilities.window_s,
                                      deadline_s=settings.WAIT_DEADLINE_S)
@@ -227,21 +228,22 @@ def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | N
     if attempt is None or attempt.state != AttemptState.RUNNING or not attempt.output_url:
         return None
     fields = record.end_fields(attempt, money=Money.SETTLE, fields={"state": AttemptState.SUCCEEDED})
-    result = {**record.accepted(attempt), "output_url": attempt.output_url,
-              "finished_at": fields["finished_at"].isoformat()}  # what record.finished says of it once ended
+    result = record.finished(attempt, finished_at=fields["finished_at"])  # what it says of it once ended
     work, work_params = update_sql(Attempt.objects.filter(id=attempt.id, state=AttemptState.RUNNING), fields)
     when = "EXISTS (SELECT 1 FROM work)"
     settle, settle_params = billing.settle_cte(key=attempt.upstream_key, cost=fields.get("cost_usd", attempt.cost_usd),
                                                when=when)
     marked_sql, mark_params = mark(result, when=when)
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH work AS ({work} RETURNING 1), settle AS ({settle}), mark AS ({marked_sql})"
-                       f" SELECT (SELECT count(*) FROM work), (SELECT id FROM mark)",
+        cursor.execute(f"WITH work AS ({work} RETURNING 1), {settle}, mark AS ({marked_sql})"
+                       f" SELECT (SELECT count(*) FROM work), (SELECT id FROM mark),"
+                       f" {', '.join(billing.SETTLE_DRIFT_COLUMNS)}",
                        [*work_params, *settle_params, *mark_params])
-        ended_now, marked = cursor.fetchone()
+        ended_now, marked, *drift = cursor.fetchone()
     if not ended_now:
         attempt.refresh_from_db()  # ended meanwhile (a cancel): the wait step reads what the record says
         return None
+    billing.drift_noticed(attempt.upstream_key, *drift)
     for name, value in fields.items():
         setattr(attempt, name, value)
     record.log_end(attempt)
@@ -315,7 +317,7 @@ def _paid_attempt_failed(job, last: Attempt) -> JobFailure:
 def _send(job, attempt: Attempt, *, done, fresh: bool = False) -> None:
     """Run the pre-submit checks, upload the inputs, and send the request once; record the answer.
     `fresh`: this execution has just intended the attempt (and its intent's statement checked the cancel)."""
-    spec = model_spec(attempt.model_name)
+    spec = record.attempt_spec(attempt)
     try:
         for path in settings.PRE_SUBMIT_CHECKS:
             import_string(path)(job, attempt.request)
@@ -464,11 +466,18 @@ def _key_pinned(attempt: Attempt, spec) -> bool:
 def _resolve(job, attempt: Attempt, *, done, resend: bool = True) -> None:
     """An attempt found in `submitting`: its last send's outcome is unknown. Resolve it by capability
     (docs/design.md, "Intent before spend, and the recovery table"). `resend=False` right after our own
-    failed send: a keyed or proven absent attempt then goes out again only after a back-off (StepRetry)."""
-    spec = model_spec(attempt.model_name)
+    failed send: a keyed or proven absent attempt then goes out again only after a back-off (StepRetry).
+    It is resolved by the spec it went out with: a model disabled since still has its sends settled."""
+    spec = record.attempt_spec(attempt)
     caps = spec.capabilities
     if attempt.sends == 0:
-        # Nothing went out (its input upload failed before the call): nothing to resolve; send it.
+        # Nothing went out (its input upload failed before the call): nothing to resolve; send it, unless
+        # its model is gone from the catalog meanwhile: then nothing is, and the runner decides what follows.
+        if model_spec(attempt.model_name) is None:
+            record.end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=Money.RELEASE,
+                       error_class=ErrorClass.UNAVAILABLE,
+                       error=f"{attempt.model_name} is disabled or no longer in the catalog; nothing was sent")
+            return
         _send_again(job, attempt, done=done, resend=resend, given_up="never sent")
         return
     if caps.idempotency_key:
@@ -485,6 +494,8 @@ def _resolve(job, attempt: Attempt, *, done, resend: bool = True) -> None:
         if policy.key_may_have_expired(age_s=age_s, ttl_s=caps.key_ttl_s, in_flight_s=record.in_flight_s(attempt)):
             _uncertain(attempt, spec)
             return
+        if _unknown_too_long(attempt):
+            return
         _send_again(job, attempt, done=done, resend=resend, bounded=False)
         return
     if caps.lookup:
@@ -496,6 +507,8 @@ def _resolve(job, attempt: Attempt, *, done, resend: bool = True) -> None:
                 inputs=attempt.uploaded_inputs or [],
             )
         except ProviderError as exc:
+            if _unknown_too_long(attempt, f"lookups could not conclude ({exc.kind}: {exc.message})"):
+                return
             raise StepRetry(f"lookup failed ({exc.kind}: {exc.message})") from exc
         if found is not None:
             logger.info("attempt %s: found upstream as %s, adopted", attempt.upstream_key, found.upstream_id)
@@ -532,10 +545,27 @@ def _send_again(job, attempt: Attempt, *, done, resend: bool, given_up: str = ""
     _send(job, attempt, done=done)
 
 
-def _uncertain(attempt: Attempt, spec) -> None:
-    """Neither key nor lookup: nothing can tell whether the provider has (and charged for) the work."""
+def _unknown_too_long(attempt: Attempt, words: str = "") -> bool:
+    """Every wait ends, whatever the provider can do: an attempt whose send's outcome nothing has settled
+    for UNKNOWN_OUTCOME_MAX_S since it first went out (a key resent and never answered, lookups that cannot
+    conclude) becomes uncertain and its job waits for a person, as a blind provider's does at once.
+    Nothing falls back meanwhile: the first provider may be doing, and billing, the work. True when it
+    did (JobHold is raised for this run's attempt)."""
+    bound = settings.UNKNOWN_OUTCOME_MAX_S
+    if (timezone.now() - attempt.created_at).total_seconds() < bound:
+        return False
+    last = words or (f"{attempt.error_class}: {attempt.error}" if attempt.error else "no answer")
+    _uncertain(attempt, record.attempt_spec(attempt),
+               error=f"no answer settled this attempt within {bound:g} s of its first send ({last})")
+    return True
+
+
+def _uncertain(attempt: Attempt, spec, *, error: str | None = None) -> None:
+    """Neither key nor lookup (or nothing settled it in time): nothing can tell whether the provider has
+    (and charged for) the work."""
     if not record.end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.HOLD,
-                      error_class=attempt.error_class, error=attempt.error or "the outcome of the submit is unknown"):
+                      error_class=attempt.error_class,
+                      error=error or attempt.error or "the outcome of the submit is unknown"):
         return  # resolved by another execution meanwhile: the caller reads what it decided
     _uncertain_decided(attempt, spec)
 

@@ -9,6 +9,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 from django.conf import settings
 from django.utils import timezone
 
+from executor import record
 from executor.models import Attempt
 from executor.providers import http, provider_for
 from executor.providers.base import ProviderError
@@ -103,18 +104,19 @@ def output_check(job) -> dict | None:
 
 def media_store(job, finished: dict) -> dict:
     """Download the finished media and write it create-only under the job's output key, tagged with the
-    job, provider, model and attempt that made it."""
-    spec = model_spec(finished["model"])
-    content_type = spec.content_type
+    job, provider, model and attempt that made it. The attempt's own spec says what it made (the model may
+    have left the catalog since it went out)."""
+    provider_name, _, model = finished["model"].partition("/")
+    content_type = finished.get("content_type") or _finished_spec(job, finished).content_type  # older results
     carried = http.data_url_payload(finished["output_url"])
     if carried is not None:  # the provider answered the bytes themselves, kept on the attempt (render)
         payload, content_type = carried
     else:
         try:
-            payload = provider(spec).fetch(finished["output_url"])
+            payload = provider_for(provider_name).fetch(finished["output_url"])
         except ProviderError as exc:
             raise StepRetry(f"download failed ({exc.kind}: {exc.message})") from exc
-    metadata = {"written_by": str(job.id), "provider": spec.provider, "model": spec.model,
+    metadata = {"written_by": str(job.id), "provider": provider_name, "model": model,
                 "attempt": str(finished["attempt"])}
     try:
         stored = store(job).put(job.output_key, payload, content_type=content_type, metadata=metadata)
@@ -125,6 +127,12 @@ def media_store(job, finished: dict) -> dict:
         raise _store_failed(exc, "store the output", datetime.fromisoformat(finished_at) if finished_at
                             else job.started_at) from exc
     return output_describe(job, stored)
+
+
+def _finished_spec(job, finished: dict):
+    made = Attempt.objects.filter(job=job, number=finished["attempt"]).only(
+        "provider", "model", "step", "spec").first()
+    return record.attempt_spec(made) if made is not None else model_spec(finished["model"])
 
 
 def reference_read(job, key: str) -> bytes:

@@ -33,7 +33,13 @@ def sweep(limit: int = 500) -> list[tuple]:
         if not claimed:
             continue
         job = Job(id=job_id, run=run, kind=kind)
-        stage_index = resume_point(job)
+        try:
+            stage_index = resume_point(job)
+        except Exception:  # noqa: BLE001 - row by row: one job that cannot be read never stops the pass
+            logger.exception("sweeper: could not find where job %s run %s resumes; skipped", job_id, run,
+                             extra={"job_id": job_id, "run": run})
+            count("sweep_errors", sweep="stuck_jobs")
+            continue
         if stage_index is None:
             logger.error("job %s run %s is open but every step is done; leaving it to an operator", job_id, run,
                          extra={"job_id": job_id, "run": run})

@@ -50,6 +50,25 @@ _DELIVERIES_SQL = "SELECT status, count(*) FROM webhooks_delivery GROUP BY statu
 # took it over from a holder whose lease ran out (a dead or stalled worker), or took it back under the
 # same task or chain (after a back-off, between two polls of a wait). The row keeps no more than that.
 _TAKEOVERS_SQL = "SELECT coalesce(sum(attempts - 1), 0) FROM jobs_step WHERE attempts > 1"
+# Every wait ends: how long the oldest job has been running (a provider that never answers shows here
+# first), and how long the oldest attempt whose outcome nobody knows has waited for a person (an
+# uncertain attempt of a job held `waiting` in that run). 0 when there is none.
+_OLDEST_SQL = """
+SELECT coalesce(extract(epoch FROM now() - (SELECT min(coalesce(started_at, created_at)) FROM jobs_job
+                                              WHERE status = 'running')), 0),
+       coalesce(extract(epoch FROM now() - (SELECT min(a.finished_at) FROM executor_attempt a
+                                              JOIN jobs_job j ON j.id = a.job_id AND j.run = a.run
+                                             WHERE a.state = 'uncertain' AND j.status = 'waiting')), 0)
+"""
+
+
+# The price drifts that hold (billing.models.PriceDrift): a row per model of the catalog, so few; the
+# rarest beyond MAX_MODELS are left out rather than labelled.
+_DRIFTS_SQL = f"""
+SELECT model, reserved_usd, highest_cost_usd FROM billing_pricedrift
+ WHERE cleared_at IS NULL AND last_seen_at > now() - %s * interval '1 second'
+ ORDER BY last_seen_at DESC LIMIT {MAX_MODELS}
+"""
 
 
 def _money(value: Decimal) -> float:
@@ -79,6 +98,10 @@ class PayonceCollector(Collector):
             deliveries = dict(cursor.fetchall())
             cursor.execute(_TAKEOVERS_SQL)
             takeovers = cursor.fetchone()[0]
+            cursor.execute(_OLDEST_SQL)
+            oldest_running, oldest_uncertain = cursor.fetchone()
+            cursor.execute(_DRIFTS_SQL, [settings.PRICE_DRIFT_HOLD_S])
+            drifts = cursor.fetchall()
             # The clients with a budget row this month (those that reserved anything in it), with
             # billing's own figures (GET /v1/spend's): spent, reserved, the cap, unpriced attempts.
             spend = clients_month_spend(month_of(timezone.now()))
@@ -119,6 +142,25 @@ class PayonceCollector(Collector):
         yield CounterMetricFamily("payonce_step_reclaims", "Claims of a step's lease beyond its first: taken over "
                                   "from a holder whose lease ran out, or taken back after a back-off or between polls.",
                                   value=takeovers)
+
+        yield GaugeMetricFamily("payonce_oldest_running_job_age_seconds",
+                                "How long the oldest running job has been running (0: none runs).",
+                                value=float(oldest_running))
+        yield GaugeMetricFamily("payonce_oldest_uncertain_attempt_age_seconds",
+                                "How long the oldest uncertain attempt has waited for a person's decision (its job "
+                                "held waiting; 0: none waits).", value=float(oldest_uncertain))
+
+        reserved = GaugeMetricFamily("payonce_price_drift_reserved_usd", "A model whose attempts settle above their "
+                                     "reservation (a price drift that holds): what was reserved for the first one.",
+                                     labels=["model"])
+        highest = GaugeMetricFamily("payonce_price_drift_highest_cost_usd", "A price drift that holds: the highest "
+                                    "cost an attempt of the model settled at, the least its reservations take now.",
+                                    labels=["model"])
+        for model, was_reserved, highest_cost in drifts:
+            reserved.add_metric([model], _money(was_reserved))
+            highest.add_metric([model], _money(highest_cost))
+        yield reserved
+        yield highest
 
         yield from self._events()
 

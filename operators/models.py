@@ -13,6 +13,8 @@ class OperatorActionKind(models.TextChoices):
     REPLAY = "replay"  # send a job's deliveries again, same webhook-id (nothing is paid)
     RERUN = "rerun"  # an order's report run again: its done chapters are kept, the rest are paid again
     REPLAY_DEAD = "replay_dead"  # dead letters sent again
+    PRICE = "price"  # a model's price (or `free`) changed on the admin's Models page: a billing decision
+    DRIFT_CLEAR = "drift_clear"  # a model's price drift cleared: its reservations go back to the rate card's
 
 
 class OperatorAction(models.Model):

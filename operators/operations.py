@@ -19,12 +19,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from django.db import transaction
 from django.db.models import Case, Count, F, JSONField, OuterRef, Q, QuerySet, Subquery, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing import months, rates
+from billing import services as billing
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 from executor.record import upstream_key_parts
 from jobs import reports
@@ -223,8 +225,11 @@ def retry_worst_cases(jobs: QuerySet) -> Decimal:
 
 
 def _media_worst_case(chain: list[str], attempts_per_model) -> Decimal:
+    """What a media run's retry may reserve: each model's worst case (no less than its drift floor, as the
+    reservation itself takes it) for each try."""
     tries = attempts_per_model if attempts_per_model is not None else DEFAULT_ATTEMPTS_PER_MODEL
-    return sum((rates.worst_case(model) * tries for model in chain), Decimal("0.000000"))
+    return sum((max(rates.worst_case(model), billing.reservation_floor(model)) * tries for model in chain),
+               Decimal("0.000000"))
 
 
 # --- acting ---------------------------------------------------------------------------------------------
@@ -244,6 +249,39 @@ def audit_finish(entry: OperatorAction, acted: int) -> OperatorAction:
     OperatorAction.objects.filter(id=entry.id).update(acted=acted, finished_at=timezone.now())
     entry.refresh_from_db()
     return entry
+
+
+def price_set(*, model: str, price: dict | None, who: str, via: str, reason: str) -> OperatorAction | None:
+    """A model's price (the rate card's override; None drops it) set by an operator: money, so a decision
+    with a reason and an audit row (before and after), in one transaction with the change. None when the
+    price is as it was (nothing changed, nothing audited). The caller holds billing.change_modelprice."""
+    before = billing.model_price(model)
+    after = None if price is None else billing.price_words(price)
+    if before == after:
+        return None
+    preview = Preview(action=OperatorActionKind.PRICE, target=f"model {model}", matched=1, acting=1, skipped=0)
+    with transaction.atomic():
+        entry = audit_start(action=OperatorActionKind.PRICE, who=who, via=via, target=preview.target, reason=reason,
+                            preview=preview)
+        OperatorAction.objects.filter(id=entry.id).update(detail={**entry.detail, "before": before, "after": after})
+        billing.model_price_set(model=model, price=price)
+        return audit_finish(entry, 1)
+
+
+def drifts_preview(*, drifts: QuerySet, target: str) -> Preview:
+    matched = drifts.count()
+    acting = drifts.filter(cleared_at__isnull=True).count()
+    return Preview(action=OperatorActionKind.DRIFT_CLEAR, target=target, matched=matched, acting=acting,
+                   skipped=matched - acting, sample=list(drifts.values_list("model", flat=True)[:SAMPLE]))
+
+
+def drifts_clear(*, drifts: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
+    """Price drifts cleared by an operator: their models' reservations go back to the rate card's worst
+    case (a settle above its reservation starts a drift again). Audited, as a price change is."""
+    preview = drifts_preview(drifts=drifts, target=target)
+    entry = audit_start(action=OperatorActionKind.DRIFT_CLEAR, who=who, via=via, target=target, reason=reason,
+                        preview=preview)
+    return audit_finish(entry, billing.price_drift_clear(drifts=drifts, who=who))
 
 
 def jobs_act(*, action: str, jobs: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:

@@ -168,6 +168,20 @@ def drainer(webhooks_worker, settings):
     thread.join()
 
 
+@pytest.fixture
+def fresh_catalog(settings):
+    """The catalog and the rate card read afresh before and after the test (each process keeps them a few
+    seconds): what a test writes to the admin's Models page or a models file counts at once."""
+    from billing import rates
+    from executor import registry
+
+    registry.forget_models()
+    rates.forget_overrides()
+    yield settings
+    registry.forget_models()
+    rates.forget_overrides()
+
+
 class Api:
     """A client's view of the API through Django's test client (in process, real database)."""
 

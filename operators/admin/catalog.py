@@ -1,21 +1,28 @@
 """The Models page: the models payonce knows, added or overridden without a release (executor.registry),
-each with its price (the rate card's override, billing.rates) on the same form.
+each with its price (the rate card's override, billing.rates) on the same form, and its price drift when
+one holds (billing.models.PriceDrift); and the price drifts' own list, where an operator clears one.
 
 A row states only what it changes: a blank field keeps what the code and the models file say of the
-model. The form refuses what the catalog would refuse (a provider with no adapter, a parameter of no
-known type, a price that is not one), so a wrong row is refused where it is written, never at a job's
-submit. Every process reads a saved row within MODELS_CACHE_S (the price within OVERRIDES_CACHE_S); this
-one at once.
+model. The form refuses what the catalog would refuse, by the models file's own validator
+(registry.check_entry), so a wrong row is refused where it is written, never at a job's submit. Every
+process reads a saved row within MODELS_CACHE_S (the price within OVERRIDES_CACHE_S); this one at once.
+
+A price (and `free`) is money: editing it needs billing.change_modelprice, beside the model's own
+permission, and a reason; each change leaves an audit row with the price before and after
+(operators.operations.price_set). Without the billing permission the price fields are shown, not edited.
 """
 
 from django import forms
 from django.contrib import admin
+from django.utils.html import format_html
 
 from billing import rates
-from billing.models import ModelPrice, PriceUnit
-from billing.services import model_price_set
+from billing.models import ModelPrice, PriceDrift, PriceUnit
 from executor import registry
 from executor.models import ModelConfig
+from operators import adminkit, operations
+
+PRICE_PERMISSION = "billing.change_modelprice"
 
 _PRICE_FIELDS = ("free", "input_per_mtok_usd", "output_per_mtok_usd", "cache_write_per_mtok_usd",
                  "cache_read_per_mtok_usd", "per_unit_usd", "unit", "variants")
@@ -35,6 +42,10 @@ class ModelConfigForm(forms.ModelForm):
     unit = forms.ChoiceField(choices=[("", "-")] + list(PriceUnit.choices), required=False)
     variants = forms.JSONField(required=False, help_text='A unit price by parameters: {"by": ["quality", "size"], '
                                '"prices": {"high,1024x1024": "0.167"}, "defaults": {"size": "1024x1024"}}.')
+    price_reason = forms.CharField(required=False, max_length=500, label="Why the price changes",
+                                   help_text="Required when the price changes: kept on the audit row.")
+    # Whether this request may edit the price (billing.change_modelprice): set by ModelConfigAdmin.get_form.
+    price_editable = True
 
     class Meta:
         model = ModelConfig
@@ -53,29 +64,33 @@ class ModelConfigForm(forms.ModelForm):
             self.initial["price_override"] = True
             for field in _PRICE_FIELDS:
                 self.initial[field] = getattr(price, field)
+        if not self.price_editable:
+            # Shown, not edited: a disabled field takes its initial value whatever is posted (Django's forms).
+            for field in ("price_override", *_PRICE_FIELDS, "price_reason"):
+                self.fields[field].disabled = True
+                self.fields[field].help_text = "Needs the billing permission to change (billing.change_modelprice)."
 
     def clean(self):
         data = super().clean()
         name = data.get("name")
         if not name:
             return data
+        if self.price_editable and self.price_changed() and not (data.get("price_reason") or "").strip():
+            self.add_error("price_reason", "A price change is audited: say why.")
         entry = {"enabled": data.get("enabled", True)}
         for field in ("provider", "kind", "content_type", "capabilities", "params"):
             if data.get(field) not in ("", None):
                 entry[field] = data[field]
+        if data.get("price_override"):
+            entry["price"] = _as_file_price(data)
         try:
             below = registry.code_spec(name)
             in_file = registry.file_entries().get(name)
             if in_file is not None:
                 below = registry.spec_from(name, in_file, below)
-            registry.spec_from(name, entry, below)
+            registry.check_entry(name, entry, below)  # the models file's validator: one for both
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
-        if data.get("price_override"):
-            try:
-                rates.rate_from(name, _as_file_price(data))
-            except ValueError as exc:
-                raise forms.ValidationError(f"Price: {exc}") from None
         return data
 
     def price(self) -> dict | None:
@@ -86,6 +101,9 @@ class ModelConfigForm(forms.ModelForm):
         price["free"] = bool(price["free"])
         price["unit"] = price["unit"] or ""
         return price
+
+    def price_changed(self) -> bool:
+        return any(field in self.changed_data for field in ("price_override", *_PRICE_FIELDS))
 
 
 def _as_file_price(data: dict) -> dict:
@@ -106,16 +124,22 @@ def _as_file_price(data: dict) -> dict:
 @admin.register(ModelConfig)
 class ModelConfigAdmin(admin.ModelAdmin):
     form = ModelConfigForm
-    list_display = ("name", "enabled", "provider", "kind", "content_type", "price", "updated_at")
+    list_display = ("name", "enabled", "provider", "kind", "content_type", "price", "drift", "updated_at")
     list_filter = ("enabled", "provider", "kind")
     search_fields = ("name",)
+    readonly_fields = ("price_drift",)
     fieldsets = (
         (None, {"fields": ("name", "enabled", "provider", "kind", "content_type", "note")}),
         ("What the provider does, and what the model takes", {"fields": ("capabilities", "params")}),
         ("Price", {"fields": ("price_override", "free", "input_per_mtok_usd", "output_per_mtok_usd",
                               "cache_write_per_mtok_usd", "cache_read_per_mtok_usd", "per_unit_usd", "unit",
-                              "variants")}),
+                              "variants", "price_reason", "price_drift")}),
     )
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        # A class per request: whether its price fields are editable is this user's permission.
+        return type(form.__name__, (form,), {"price_editable": request.user.has_perm(PRICE_PERMISSION)})
 
     @admin.display(description="price")
     def price(self, row: ModelConfig) -> str:
@@ -128,21 +152,104 @@ class ModelConfigAdmin(admin.ModelAdmin):
             return f"${rate.input} in / ${rate.output} out per Mtok"
         return f"${rate.per_unit} per {rate.unit or 'unit'}" + (" (at most)" if rate.variants else "")
 
+    @admin.display(description="price drift")
+    def drift(self, row: ModelConfig) -> str:
+        return drift_words(PriceDrift.objects.filter(model=row.name).first(), short=True)
+
+    @admin.display(description="price drift")
+    def price_drift(self, row: ModelConfig) -> str:
+        return drift_words(PriceDrift.objects.filter(model=row.name).first()) if row.pk else "—"
+
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        model_price_set(model=obj.name, price=form.price())
+        if form.price_editable:
+            operations.price_set(model=obj.name, price=form.price(), who=request.user.get_username(), via="admin",
+                                 reason=form.cleaned_data.get("price_reason") or "")
         registry.forget_models()  # this process at once; the others within MODELS_CACHE_S
 
     def delete_model(self, request, obj):
-        name = obj.name
+        self._delete_prices(request, [obj.name])
         super().delete_model(request, obj)
-        model_price_set(model=name, price=None)
         registry.forget_models()
 
     def delete_queryset(self, request, queryset):
-        names = list(queryset.values_list("name", flat=True))
+        self._delete_prices(request, list(queryset.values_list("name", flat=True)))
         super().delete_queryset(request, queryset)
-        for name in names:
-            model_price_set(model=name, price=None)
         registry.forget_models()
 
+    def _delete_prices(self, request, names: list[str]) -> None:
+        """A model's row deleted takes its price override with it only for a user who may change prices
+        (audited); for any other, the override stays (the model's price does not change)."""
+        if not request.user.has_perm(PRICE_PERMISSION):
+            return
+        for name in names:
+            operations.price_set(model=name, price=None, who=request.user.get_username(), via="admin",
+                                 reason=f"the model's row {name} was deleted")
+
+
+def drift_words(drift: PriceDrift | None, *, short: bool = False) -> str:
+    """A model's price drift as an operator reads it: none, or what was reserved, what it cost, since when,
+    and what its reservations are taken at now."""
+    if drift is None:
+        return "—" if short else "none: every attempt settled within its reservation"
+    live = drift.holds
+    if short:
+        return format_html('<strong class="errornote">up to ${} (reserved ${})</strong>', drift.highest_cost_usd,
+                           drift.reserved_usd) if live else "cleared"
+    if not live:
+        return f"cleared{f' by {drift.cleared_by}' if drift.cleared_by else ''} (last seen {drift.last_seen_at:%Y-%m-%d %H:%M} UTC)"
+    return format_html(
+        '<strong class="errornote">Attempts settle above their reservation</strong>: reserved ${}, charged ${} '
+        '(first seen {} UTC, {} time{} since). Its reservations are taken at no less than ${}, the highest cost '
+        'seen, until the drift is cleared (Price drifts page). Fix the price, then clear it.',
+        drift.reserved_usd, drift.cost_usd, f"{drift.first_seen_at:%Y-%m-%d %H:%M}", drift.drifts,
+        "s" if drift.drifts != 1 else "", drift.highest_cost_usd)
+
+
+@admin.register(PriceDrift)
+class PriceDriftAdmin(admin.ModelAdmin):
+    """Models whose attempts settled above their reservation (billing.models.PriceDrift): read-only rows,
+    written by the settles themselves; an operator with billing.change_modelprice clears one (audited)
+    once the price is right."""
+
+    list_display = ("model", "live", "reserved_usd", "cost_usd", "highest_cost_usd", "drifts", "first_seen_at",
+                    "last_seen_at", "cleared_by")
+    list_filter = ("cleared_at",)
+    search_fields = ("model",)
+    readonly_fields = [f.name for f in PriceDrift._meta.fields]
+    actions = ["clear"]
+
+    @admin.display(description="holds", boolean=True)
+    def live(self, drift: PriceDrift) -> bool:
+        return drift.holds
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_clear_permission(self, request):
+        return self.has_view_permission(request) and request.user.has_perm(PRICE_PERMISSION)
+
+    def changelist_view(self, request, extra_context=None):
+        adminkit.refuse_unheld_action(self, request)
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Clear the selected price drifts…", permissions=["clear"])
+    def clear(self, request, queryset):
+        across, selected, hidden = adminkit.selection(request, "clear")
+        target = f"price drifts: {', '.join(queryset.values_list('model', flat=True)[:5])}"
+        drifts = PriceDrift.objects.filter(id__in=queryset.values("id"))
+        return adminkit.confirm_or_act(
+            self, request, back=request.get_full_path(),
+            act=lambda **who_and_reason: operations.drifts_clear(drifts=drifts, target=target, via="admin",
+                                                                 **who_and_reason),
+            preview=lambda: operations.drifts_preview(drifts=drifts, target=target),
+            title="Clear price drifts", verb="clear", hidden=hidden, back_label="Price drifts",
+            skipped_why="already cleared",
+            nothing_paid="the models' next reservations are taken at the rate card's worst case again; a settle "
+                         "above its reservation starts a drift again")

@@ -462,7 +462,7 @@ def test_the_admin_shows_spend_per_client_month_the_rate_card_and_each_attempts_
     # The rate card's override is edited on the model's own admin page (the Models page).
     added = admin_client.post("/admin/executor/modelconfig/add/", {
         "name": "openai/gpt-4.1-mini", "enabled": "on", "price_override": "on", "input_per_mtok_usd": "0.5",
-        "output_per_mtok_usd": "2"})
+        "output_per_mtok_usd": "2", "price_reason": "the published price"})
     assert added.status_code == 302, added.content.decode()[:2000]
     assert ModelPrice.objects.get(model="openai/gpt-4.1-mini").input_per_mtok_usd == D("0.5")
 

@@ -2,6 +2,7 @@
 then the admin's Models page, each over the one before, with their prices; no release, no restart."""
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -15,6 +16,8 @@ from executor import registry
 from executor.models import ModelConfig
 from tests.conftest import media_body
 from tests.e2e.test_media import wait_for
+from tests.support.books import assert_books_balance
+from tests.support.drive import media_job, run_media
 from tests.support.procs import REPO_ROOT, process_env
 
 SCHNELL = "fal/fal-ai/flux/schnell"  # a fal model the code does not name
@@ -24,15 +27,6 @@ SCHNELL_ENTRY = {
                {"name": "num_inference_steps", "type": "integer", "minimum": 1, "maximum": 12}],
     "price": {"per_unit": "0.003", "unit": "image"},
 }
-
-
-@pytest.fixture
-def fresh_catalog(settings):
-    registry.forget_models()
-    rates.forget_overrides()
-    yield settings
-    registry.forget_models()
-    rates.forget_overrides()
 
 
 @pytest.fixture
@@ -134,7 +128,7 @@ def test_a_model_added_in_the_admin_is_usable_by_the_next_job_priced_and_its_par
     added = admin_client.post("/admin/executor/modelconfig/add/", {
         "name": SCHNELL, "enabled": "on", "provider": "fal", "kind": "image", "content_type": "image/jpeg",
         "params": json.dumps(SCHNELL_ENTRY["params"]), "price_override": "on", "per_unit_usd": "0.003",
-        "unit": "image"})
+        "unit": "image", "price_reason": "fal's published price"})
     assert added.status_code == 302, added.content.decode()[:3000]
     # Every process reads a name it did not know again within MISS_RELOAD_S (the worker, started before the
     # model existed, among them): no restart.
@@ -152,3 +146,142 @@ def test_a_model_added_in_the_admin_is_usable_by_the_next_job_priced_and_its_par
     assert (attempt["provider"], attempt["model"], attempt["state"]) == ("fal", "fal-ai/flux/schnell", "succeeded")
     assert attempt["cost_usd"] == "0.003000" and attempt["cost_source"] == "derived", attempt  # priced, not unpriced
     assert ledger.calls() == []  # recorded answers (REAL_PROVIDERS off): the sandbox was not involved
+
+
+# --- one validator, wherever a model is written (issue 37, finding 3) ---------------------------------------
+
+KEYED = "sandbox/video-keyed"
+
+
+@pytest.mark.parametrize("entry, named", [
+    ({"name": KEYED, "enabled": "false"}, "enabled: true or false"),
+    ({"name": KEYED, "enable": False}, "unknown fields: enable"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "steps", "type": "integer", "minimum": "abc"}]}, "minimum is a number"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "steps", "type": "integer", "minimum": True}]}, "minimum is a number"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "steps", "type": "integer", "minimum": 5, "maximum": 1}]},
+     "minimum is above maximum"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "size", "type": "string", "choices": ["a", 1]}]}, "choices is a list of string"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "a", "type": "string"}, {"name": "a", "type": "string"}]}, "declared twice"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "a", "type": "string", "nullable": "yes"}]}, "nullable is true or false"),
+    ({**SCHNELL_ENTRY, "price": {"per_unit": "1e30", "unit": "image"}}, "more than an amount can be"),
+    ({**SCHNELL_ENTRY, "price": {"per_unit": 1e30, "unit": "image"}}, "more than an amount can be"),
+    ({**SCHNELL_ENTRY, "price": {"per_unit": "0.0000001", "unit": "image"}}, "more than 6 decimal places"),
+    ({**SCHNELL_ENTRY, "price": {"variants": {"by": ["image_size"], "prices": {"square": "1e30"}}}},
+     "more than an amount can be"),
+    ({**SCHNELL_ENTRY, "price": {"per_unit": True, "unit": "image"}}, "is not an amount"),
+    ({"name": KEYED, "price": {"free": "false"}}, "free: true or false"),
+    ({"name": KEYED, "price": {"input": "3", "output": "15"}}, "a media model is priced per unit"),
+    ({"name": "sandbox/llm", "price": {"per_unit": "0.01", "unit": "render"}}, "a text model is priced by tokens"),
+    ({"name": KEYED, "kind": "text"}, "kind: sandbox/video-keyed makes video"),
+    ({"name": "fal/fal-ai/flux/dev", "kind": "text"}, "makes image, not text"),
+    ({**SCHNELL_ENTRY, "kind": "text"}, "provider fal makes no text"),
+    ({"name": "anthropic/other-model", "provider": "anthropic", "kind": "video"}, "provider anthropic makes no video"),
+    ({**SCHNELL_ENTRY, "capabilities": {"window_s": 1e12}}, "window_s is a number of seconds"),
+    ({**SCHNELL_ENTRY, "capabilities": {"unpaid_statuses": [True]}}, "unpaid_statuses is a list of HTTP statuses"),
+])
+def test_a_wrong_entry_is_refused_naming_the_model_and_the_field(tmp_path, entry, named):
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"models": [entry]}))
+    with pytest.raises(registry.ModelsFileInvalid) as refused:
+        registry.read_models_file(str(path))
+    [problem] = refused.value.problems
+    assert f"model {entry['name']}:" in problem and named in problem, problem
+
+
+@pytest.mark.parametrize("text, named", [
+    ('{"models": [{"name": "fal/fal-ai/flux/schnell", "provider": "fal", "kind": "image", '
+     '"capabilities": {"window_s": NaN}}]}', "NaN is not JSON"),
+    ('{"models": [{"name": "sandbox/video-keyed", "capabilities": {"key_ttl_s": Infinity}}]}', "Infinity is not JSON"),
+    ('{"models": [{"name": "sandbox/image-blind", "enabled": false}, {"name": "sandbox/image-blind"}]}',
+     "model sandbox/image-blind: named twice"),
+    ('{"models": [], "modles": []}', 'the models file is {"models"'),
+])
+def test_a_wrong_file_is_refused_whole(tmp_path, text, named):
+    path = tmp_path / "models.json"
+    path.write_text(text)
+    with pytest.raises(registry.ModelsFileInvalid) as refused:
+        registry.read_models_file(str(path))
+    assert named in str(refused.value), refused.value.problems
+
+
+def test_the_codes_own_models_and_prices_pass_the_operators_validator():
+    # One validator for every layer: the code's catalog, stated as an operator would state it, passes it.
+    for name in ["sandbox/video-keyed", "sandbox/image-lookup", "sandbox/image-blind", "sandbox/llm",
+                 "fal/fal-ai/flux/dev", "fal/fal-ai/kling-video/v2.5-turbo/pro/text-to-video",
+                 "openai-images/gpt-image-1", "openai-images/gpt-image-1-mini", "openai-images/dall-e-3",
+                 "anthropic/claude-sonnet-4-5", "openai/gpt-4.1-mini", "replicate/black-forest-labs/flux-schnell"]:
+        spec = registry.code_spec(name)
+        stated = {"name": name, "provider": spec.provider, "kind": spec.kind, "content_type": spec.content_type}
+        price = rates.DEFAULTS.get(name)
+        if price is not None:
+            variants = price.get("variants")
+            stated["price"] = {**{k: str(v) for k, v in price.items() if k not in ("variants", "unit")},
+                               **({"unit": price["unit"]} if "unit" in price else {}),
+                               **({"variants": {"by": list(variants["by"]), "defaults": variants["defaults"],
+                                                "prices": {",".join(key): str(amount)
+                                                           for key, amount in variants["prices"].items()}}}
+                                  if variants else {})}
+        assert registry.check_entry(name, stated, spec) is not None, name
+
+
+def test_a_models_file_changed_wrong_at_run_time_keeps_the_last_good_one_and_says_so(models_file, db, settings,
+                                                                                    caplog):
+    settings.MODELS_CACHE_S = 0
+    path = models_file(SCHNELL_ENTRY, {"name": KEYED, "price": {"per_unit": "0.5", "unit": "render"}})
+    assert registry.model_spec(SCHNELL) is not None and rates.worst_case(KEYED) == D("0.500000")
+
+    time.sleep(0.01)  # a new modification time
+    path.write_text(json.dumps({"models": [{**SCHNELL_ENTRY, "price": {"per_unit": "-1", "unit": "image"}},
+                                           {"name": KEYED, "enabled": "false"}]}))
+    with caplog.at_level(logging.ERROR, logger="executor.registry"):
+        registry.forget_models()
+        rates.forget_overrides()
+        assert registry.model_spec(SCHNELL) is not None and registry.model_spec(KEYED) is not None
+        assert rates.worst_case(KEYED) == D("0.500000") and rates.worst_case(SCHNELL) == D("0.003000")
+    [said] = [r for r in caplog.records if r.getMessage().startswith("models_file.rejected")]
+    assert "model fal/fal-ai/flux/schnell: price: per_unit: an amount is finite and not negative" in said.getMessage()
+    assert "model sandbox/video-keyed: enabled: true or false" in said.getMessage()
+
+    path.unlink()  # removed: the same
+    registry.forget_models()
+    rates.forget_overrides()
+    assert registry.model_spec(SCHNELL) is not None and rates.worst_case(KEYED) == D("0.500000")
+
+    path.write_text(json.dumps({"models": [{**SCHNELL_ENTRY, "enabled": False}]}))  # right again: in force
+    registry.forget_models()
+    rates.forget_overrides()
+    assert registry.model_spec(SCHNELL) is None and rates.worst_case(KEYED) == D("0.400000")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_run_on_while_a_wrong_models_file_is_refused(models_file, api, ledger, settings):
+    # The repro: one negative price written into the running file left every new job `running` with no
+    # attempt (a ValueError at each reservation). Now the file is refused and the last good one stays.
+    settings.MODELS_CACHE_S = 0
+    path = models_file({"name": KEYED, "price": {"per_unit": "0.4", "unit": "render"}})
+    registry.model_spec(KEYED)
+    time.sleep(0.01)
+    path.write_text(json.dumps({"models": [{"name": KEYED, "price": {"per_unit": "-0.4", "unit": "render"}}]}))
+    registry.forget_models()
+    rates.forget_overrides()
+
+    job = media_job(api.client_id)
+    run_media(job)
+    job.refresh_from_db()
+    assert job.status == "succeeded", job.error
+    assert len(assert_books_balance(ledger)) == 1
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("capabilities", '{"window_s": NaN}', "is not a number JSON can hold"),
+    ("capabilities", '{"key_ttl_s": Infinity}', "is not a number JSON can hold"),
+    ("params", '[{"name": "steps", "type": "integer", "maximum": "abc"}]', "maximum is a number"),
+    ("variants", '{"by": ["image_size"], "prices": {"square": "1e30"}}', "more than an amount can be"),
+])
+def test_the_admin_refuses_what_the_file_refuses_never_a_500(admin_client, fresh_catalog, field, value, named):
+    form = {"name": SCHNELL, "enabled": "on", "provider": "fal", "kind": "image", field: value}
+    if field == "variants":
+        form.update(price_override="on", unit="image", price_reason="a table")
+    answer = admin_client.post("/admin/executor/modelconfig/add/", form)
+    assert answer.status_code == 200 and named in answer.content.decode(), answer.content.decode()[-3000:]
+    assert not ModelConfig.objects.exists() and not ModelPrice.objects.exists()
