@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.selectors import own_job
-from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer, job_as_dict
+from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer, bounded_json, job_as_dict
 from jobs.views import ERROR_SCHEMA, read_json_body
 from orders import services
 from orders.models import Order
@@ -25,7 +25,7 @@ class OrderCreateSerializer(StrictSerializer):
     payment_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
     run_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
     product = StrictRegexField(r"\A[a-z0-9][a-z0-9._-]{0,99}\Z")
-    input = serializers.DictField()
+    input = serializers.DictField(validators=[bounded_json])  # bounded as a job's input is
     email = serializers.EmailField(max_length=254)
 
     def validate(self, attrs):

@@ -139,6 +139,32 @@ def test_an_order_whose_id_is_not_a_string_is_422_never_turned_into_one(api, led
     assert Order.objects.count() == 0 and Job.objects.count() == 0
 
 
+def nested(levels: int) -> dict:
+    """An object `levels` deep: {"a": {"a": ... {"a": 1}}}."""
+    value: object = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("levels", [31, 32, 200])
+def test_an_orders_input_is_bounded_in_depth_as_a_jobs_is(api, ledger, levels):
+    # The subject is one level inside the input: 31 levels make an input 32 deep, the most a job's takes.
+    subject = {"name": "Ada", "deep": nested(levels - 1)}
+
+    job = api.create(report_body(CHAPTERS[:1], input={"subject": subject, "chapters": ["sun"],
+                                                       "email": "buyer@example.com"}), key=f"deep-{levels}")
+    order = post_order(api, order_body(input={"subject": subject, "chapters": ["sun"]}))
+
+    if levels <= 31:
+        assert (job.status_code, order.status_code) == (201, 201), order.content
+        return
+    assert (job.status_code, order.status_code) == (422, 422), order.content
+    assert order.json()["error"]["fields"] == job.json()["error"]["fields"] == {
+        "input": ["Nested deeper than 32 levels."]}
+    assert Order.objects.count() == 0 and Job.objects.count() == 0
+
+
 def test_an_order_with_a_bad_report_input_is_422(api, ledger):
     response = post_order(api, order_body(input={"subject": SUBJECT, "chapters": ["Not A Slug"]}))
     assert response.status_code == 422 and "input" in response.json()["error"]["fields"]
