@@ -70,7 +70,11 @@ class Param:
         wanted = "An integer" if self.type == "integer" else "A number"
         if isinstance(value, bool) or not isinstance(value, int if self.type == "integer" else (int, float)):
             return f"{wanted}{' or null' if self.nullable else ''} is required."
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int beyond a double's range (310 digits): isfinite cannot make it a float
+            return "A finite number that fits a double (at most about 1.8e308 in size) is required."
+        if not finite:
             return "A finite number is required."
         if self.minimum is not None and value < self.minimum:
             return f"Ensure this value is greater than or equal to {self.minimum:g}."

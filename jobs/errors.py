@@ -1,8 +1,10 @@
 """Every API error is `{"error": {"code": "...", "message": "...", ...}}` with a stable code (docs/api.md,
 "Every error code")."""
 
+import functools
 import logging
 
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
@@ -130,6 +132,47 @@ def method_not_allowed(allow: str, message: str) -> JsonResponse:
     return response
 
 
+# PostgreSQL restarting or unreachable (the storm restarts it): a passing outage, not a bug, so never a
+# 500. DRF's views meet it in api_exception_handler; a plain Django view (a provider's callback, the
+# event stream, the report page) through answers_database_outage. Both answer with database_unavailable.
+DATABASE_OUTAGE = (OperationalError, InterfaceError)
+
+
+def database_unavailable(exc: Exception, response_class=JsonResponse):
+    """The answer to a request that met the database away: `503 DATABASE_UNAVAILABLE` with `Retry-After`.
+    The caller sends it again: the same Idempotency-Key gives the same job, a provider its callback again
+    (it retries a non-2xx), whatever was committed. `response_class` is DRF's Response for a DRF view."""
+    logger.warning("database unavailable: %s", exc)
+    response = response_class(error_body("DATABASE_UNAVAILABLE", "The database is unavailable; try again shortly."),
+                              status=503)
+    response["Retry-After"] = "1"
+    return response
+
+
+def answers_database_outage(view):
+    """A plain Django view (sync or async) that answers a database outage as the API's DRF views do
+    (database_unavailable), instead of Django's 500. Only what is raised before the answer is returned:
+    a stream already started cannot change its status."""
+    if iscoroutinefunction(view):
+        @functools.wraps(view)
+        async def guarded_async(request, *args, **kwargs):
+            try:
+                return await view(request, *args, **kwargs)
+            except DATABASE_OUTAGE as exc:
+                return database_unavailable(exc)
+
+        return guarded_async
+
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except DATABASE_OUTAGE as exc:
+            return database_unavailable(exc)
+
+    return guarded
+
+
 # DRF's own exceptions -> (code, default message).
 _DRF_CODES = {
     exceptions.NotAuthenticated: "UNAUTHENTICATED",
@@ -152,14 +195,8 @@ def api_exception_handler(exc, context):
             error_body("INVALID_REQUEST", "The request body is not valid.", fields=detail),
             status=status.HTTP_422_UNPROCESSABLE_ENTITY,
         )
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        # PostgreSQL restarting or unreachable (the storm restarts it): a passing outage, not a bug, so
-        # not a 500. The client sends it again: the same key gives the same job, whatever was committed.
-        logger.warning("database unavailable: %s", exc)
-        response = Response(error_body("DATABASE_UNAVAILABLE", "The database is unavailable; try again shortly."),
-                            status=503)
-        response["Retry-After"] = "1"
-        return response
+    if isinstance(exc, DATABASE_OUTAGE):
+        return database_unavailable(exc, Response)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body("PAYLOAD_TOO_LARGE", "The request body is too large."), status=413)
     if isinstance(exc, Http404):

@@ -27,7 +27,7 @@ from rest_framework import exceptions
 
 from jobs import selectors, streams
 from jobs.auth import BearerAPIKeyAuthentication
-from jobs.errors import TooManyStreams, error_body, method_not_allowed
+from jobs.errors import TooManyStreams, answers_database_outage, error_body, method_not_allowed
 from jobs.models import TERMINAL_STATUSES
 
 KEEPALIVE_S = 15.0
@@ -102,6 +102,7 @@ def _too_many(refused: TooManyStreams) -> JsonResponse:
 
 
 @csrf_exempt  # authenticated by API key, never by a cookie: a POST is a 405 below, not the CSRF page
+@answers_database_outage  # the key or the first snapshot unreadable: 503 with Retry-After, not a 500
 async def job_events(request, job_id):
     if request.method != "GET":
         return method_not_allowed("GET", f'Method "{request.method}" not allowed.')

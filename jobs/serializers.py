@@ -3,7 +3,9 @@
 import base64
 import binascii
 import json
+import math
 import re
+import sys
 from decimal import Decimal
 
 from django.conf import settings
@@ -62,12 +64,37 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-def json_depth(value, depth: int = 0) -> int:
-    if isinstance(value, dict):
-        return max((json_depth(v, depth + 1) for v in value.values()), default=depth + 1)
-    if isinstance(value, list):
-        return max((json_depth(v, depth + 1) for v in value), default=depth + 1)
-    return depth
+def bounded_json(value) -> None:
+    """The validator of every field that holds the client's own JSON as it sent it: a job's `input` and
+    `metadata`, an order's `input`. One check whichever way the value comes in, so a bound that holds for
+    a job holds for an order too:
+
+    - at most MAX_JSON_DEPTH levels of objects and arrays (422 naming the field);
+    - every number a finite double (422 naming where it is, `input.render_s`, `metadata.ids.0`). The body's
+      parser refuses 1e400 already; an integer of 310 digits is as large, valid to Python but infinity or an
+      error to a JavaScript client, a webhook receiver or a provider, and an OverflowError to any code that
+      takes it for a float (the 500 a declared parameter was).
+
+    Walked with a stack of its own that stops at the first level too deep, so a body nested as deep as
+    the parser allows costs no recursion here."""
+    pending = [(value, ())]
+    while pending:
+        item, path = pending.pop()
+        if isinstance(item, (dict, list)):
+            if len(path) >= MAX_JSON_DEPTH:
+                raise serializers.ValidationError(f"Nested deeper than {MAX_JSON_DEPTH} levels.")
+            children = item.items() if isinstance(item, dict) else enumerate(item)
+            pending.extend((child, (*path, str(key))) for key, child in children)
+        elif isinstance(item, (int, float)) and not isinstance(item, bool) and not _fits_a_double(item):
+            error = ["A finite number that fits a double (at most about 1.8e308 in size) is required."]
+            for key in reversed(path):  # the error at its place: {"render_s": [...]} names input.render_s
+                error = {key: error}
+            raise serializers.ValidationError(error)
+
+
+def _fits_a_double(number: int | float) -> bool:
+    # Compared, not converted: float() of a 310-digit int raises OverflowError.
+    return math.isfinite(number) if isinstance(number, float) else abs(number) <= sys.float_info.max
 
 
 class PolicySerializer(StrictSerializer):
@@ -191,7 +218,7 @@ class ReportInputSerializer(StrictSerializer):
 class JobCreateSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=JobKind.choices)
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
-    input = serializers.DictField(help_text=(
+    input = serializers.DictField(validators=[bounded_json], help_text=(
         f"media: {' and '.join(PAYONCE_INPUT_KEYS)}, and only the parameters that every model of the chain "
         "which declares its parameters takes (any other key is 422, named in fields.input); the sandbox's "
         f"media models take {', '.join(p.name for p in code_spec('sandbox/video-keyed').params)}; a "
@@ -199,7 +226,7 @@ class JobCreateSerializer(StrictSerializer):
     policy = PolicySerializer(required=False)
     output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
     webhook_url = serializers.URLField(required=False, max_length=2048)
-    metadata = serializers.DictField(required=False)
+    metadata = serializers.DictField(required=False, validators=[bounded_json])
 
     def __init__(self, *args, client=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -242,15 +269,12 @@ class JobCreateSerializer(StrictSerializer):
 
     def validate(self, attrs):
         errors = {}
-        for name in ("input", "metadata"):
-            if json_depth(attrs.get(name, {})) > MAX_JSON_DEPTH:
-                errors[name] = [f"Nested deeper than {MAX_JSON_DEPTH} levels."]
         wrong_kind = [name for name in attrs["models"] if model_spec(name).job_kind != attrs["kind"]]
         if wrong_kind:
             errors["models"] = [f"Not a {attrs['kind']} model: {', '.join(wrong_kind)}."]
         # What is validated is what is stored: each kind's cleaned input goes into the row. The body's
         # hash (the Idempotency-Key's) stays over the input as sent (jobs.services.job_create says why).
-        if attrs["kind"] == JobKind.MEDIA and "input" not in errors:
+        if attrs["kind"] == JobKind.MEDIA:
             media_input = MediaInputSerializer(data=attrs["input"], context={"models": attrs["models"]})
             if not media_input.is_valid():
                 errors["input"] = media_input.errors
@@ -260,7 +284,7 @@ class JobCreateSerializer(StrictSerializer):
                     errors["input"] = {"references": refused}
                 else:
                     attrs["input_as_sent"], attrs["input"] = attrs["input"], media_input.validated_data
-        if attrs["kind"] == JobKind.REPORT and "input" not in errors:
+        if attrs["kind"] == JobKind.REPORT:
             report_input = ReportInputSerializer(data=attrs["input"])
             if not report_input.is_valid():
                 errors["input"] = report_input.errors

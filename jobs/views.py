@@ -38,6 +38,7 @@ from jobs.errors import (
     ReportNotSealed,
     StoreUnavailable,
     UnsupportedMediaType,
+    answers_database_outage,
     error_body,
     method_not_allowed,
 )
@@ -345,6 +346,7 @@ def _report_page_response(request, template: str, context: dict, status: int):
     return response
 
 
+@answers_database_outage  # a 503 with Retry-After while the database is away, not a 500
 def report_page(request, token: str):
     """GET /r/{token}: the page behind the emailed link. Signed and expiring; a bad or expired token is
     404. Server-rendered, self-contained (no CDN, no external font), readable on a phone, under a strict
@@ -400,6 +402,7 @@ class SpendView(APIView):
 
 
 @csrf_exempt
+@answers_database_outage  # a 503 the provider sends again, as a DRF view's
 def provider_callback(request, provider: str):
     """POST /v1/callbacks/{provider} (executor.callbacks): thin, unauthenticated by API key (the provider
     signs instead), and never an HTML page. The body is bounded by config.limits before it reaches here."""

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.selectors import own_job
-from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer, job_as_dict
+from jobs.serializers import ReportInputSerializer, StrictRegexField, StrictSerializer, bounded_json, job_as_dict
 from jobs.views import ERROR_SCHEMA, read_json_body
 from orders import services
 from orders.models import Order
@@ -25,22 +25,40 @@ class OrderCreateSerializer(StrictSerializer):
     payment_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
     run_id = StrictRegexField(_VISIBLE.pattern, max_length=255)
     product = StrictRegexField(r"\A[a-z0-9][a-z0-9._-]{0,99}\Z")
-    input = serializers.DictField()
+    input = serializers.DictField(validators=[bounded_json])  # bounded as a job's input is
     email = serializers.EmailField(max_length=254)
 
     def validate(self, attrs):
-        """The input is a report's input without its email (the order's own `email` is the buyer's): an
-        `email` or any other unknown field inside it is refused, naming `input.<field>`, never dropped.
-        What is stored (and hashed: a body still accepted cleans to itself, chapter keys being taken as
-        sent, so a replay hashes as its row did) is the checked input, not the raw dict beside it."""
-        if "email" in attrs["input"]:
-            raise serializers.ValidationError({"input": {"email": [
-                "Unknown field: the buyer's email is the order's own `email`, not part of its input."]}})
-        checked = ReportInputSerializer(data={**attrs["input"], "email": attrs["email"]})
-        if not checked.is_valid():
-            raise serializers.ValidationError({"input": checked.errors})
+        """The input is a report's input, checked as a report job's is. Its `email` may be left out (the
+        order's own `email` is the buyer's); given, it must be the same address, else it is refused naming
+        `input.email` (the report would be mailed to one address and the order name another). Any other
+        unknown field inside it is refused too, naming `input.<field>`, never dropped.
+
+        What is stored and hashed is the checked input without its email, as it always was: so an order
+        sent with `input.email` and the same order sent without it are one order (the second is a replay,
+        200, not a 409), and a body still accepted cleans to itself (chapter keys taken as sent), so a
+        replay hashes as its row did."""
+        sent = attrs["input"]
+        checked = ReportInputSerializer(data={**sent, "email": sent.get("email", attrs["email"])})
+        errors = {} if checked.is_valid() else dict(checked.errors)
+        if "email" in sent and "email" not in errors and not same_address(sent["email"].strip(), attrs["email"]):
+            errors["email"] = ["Must be the order's own `email`, or left out: the report goes to one address."]
+        if errors:
+            raise serializers.ValidationError({"input": errors})
         attrs["input"] = {key: value for key, value in checked.validated_data.items() if key != "email"}
         return attrs
+
+
+def same_address(one: str, other: str) -> bool:
+    """Whether two valid email addresses are one mailbox, as far as payonce can tell without asking the
+    mail server. The domain is compared without case: DNS names are case-insensitive (RFC 5321, 2.4), so
+    `buyer@Example.COM` is `buyer@example.com`. The local part is compared exactly: its case belongs to
+    the receiving server, which may tell `Buyer` from `buyer`, so payonce does not guess that they are one
+    (refused, the buyer sends one spelling). Nothing else is folded (dots, `+tags`): those are one
+    provider's rules, not mail's."""
+    local, _, domain = one.rpartition("@")
+    other_local, _, other_domain = other.rpartition("@")
+    return local == other_local and domain.lower() == other_domain.lower()
 
 
 _ORDER = inline_serializer("Order", {

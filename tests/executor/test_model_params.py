@@ -128,6 +128,17 @@ def test_a_declared_parameter_of_the_wrong_type_or_out_of_bounds_is_422_naming_i
     assert Job.objects.count() == 0
 
 
+@pytest.mark.parametrize("key", ["render_s", "expected_s", "size_bytes"])
+@pytest.mark.parametrize("value", [10 ** 309, -(10 ** 309), 10 ** 4000],
+                         ids=["310 digits", "-310 digits", "4001 digits"])
+def test_a_number_parameter_beyond_a_doubles_range_is_a_problem_not_an_overflow(key, value, db):
+    # math.isfinite(10 ** 309) raises OverflowError: once a 500 at submit, whatever the parameter's bounds.
+    problems = input_problems(["sandbox/video-keyed"], {"prompt": "x", key: value})
+
+    assert list(problems) == [key]
+    assert problems[key] == ["A finite number that fits a double (at most about 1.8e308 in size) is required."]
+
+
 def test_a_typo_and_a_missing_prompt_are_named_together(api):
     response = api.create(media_body(input={"rendr_s": 1}))
 

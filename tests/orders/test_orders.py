@@ -1,6 +1,7 @@
 """Paid orders, the bad input of reports and orders, personal data, and real money kept opt-in."""
 
 import json
+import re
 import time
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ from jobs.reports import report_from_token
 from operators.models import OperatorAction
 from orders.models import Order
 from tests.support.books import assert_books_balance
+from tests.support.procs import REPO_ROOT
 from tests.jobs.test_reports import CHAPTERS, SUBJECT, report_body, wait_ended
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -136,6 +138,32 @@ def test_an_order_whose_id_is_not_a_string_is_422_never_turned_into_one(api, led
     response = post_order(api, order_body(**{field: value}))
     assert response.status_code == 422, response.content
     assert field in response.json()["error"]["fields"]
+    assert Order.objects.count() == 0 and Job.objects.count() == 0
+
+
+def nested(levels: int) -> dict:
+    """An object `levels` deep: {"a": {"a": ... {"a": 1}}}."""
+    value: object = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("levels", [31, 32, 200])
+def test_an_orders_input_is_bounded_in_depth_as_a_jobs_is(api, ledger, levels):
+    # The subject is one level inside the input: 31 levels make an input 32 deep, the most a job's takes.
+    subject = {"name": "Ada", "deep": nested(levels - 1)}
+
+    job = api.create(report_body(CHAPTERS[:1], input={"subject": subject, "chapters": ["sun"],
+                                                       "email": "buyer@example.com"}), key=f"deep-{levels}")
+    order = post_order(api, order_body(input={"subject": subject, "chapters": ["sun"]}))
+
+    if levels <= 31:
+        assert (job.status_code, order.status_code) == (201, 201), order.content
+        return
+    assert (job.status_code, order.status_code) == (422, 422), order.content
+    assert order.json()["error"]["fields"] == job.json()["error"]["fields"] == {
+        "input": ["Nested deeper than 32 levels."]}
     assert Order.objects.count() == 0 and Job.objects.count() == 0
 
 
@@ -287,12 +315,69 @@ def test_a_clients_own_idempotency_key_cannot_block_a_payment(web_api, ledger):
     assert " " in order_key and web_api.create({}, key=order_key).status_code == 400
 
 
-@pytest.mark.parametrize("field", ["email", "notes"])
-def test_an_unknown_field_inside_an_orders_input_is_422_naming_it(web_api, field):
-    body = order_body(input={"subject": SUBJECT, "chapters": CHAPTERS[:3], field: "buyer.two@example.com"})
+def test_an_unknown_field_inside_an_orders_input_is_422_naming_it(web_api):
+    body = order_body(input={"subject": SUBJECT, "chapters": CHAPTERS[:3], "notes": "buyer.two@example.com"})
 
     answer = post_web_order(web_api, body)
 
     assert answer.status_code == 422, answer.text
-    assert list(answer.json()["error"]["fields"]["input"]) == [field]
+    assert list(answer.json()["error"]["fields"]["input"]) == ["notes"]
     assert Order.objects.count() == 0 and Job.objects.count() == 0
+
+
+# --- the buyer's email, in the order and in its input ----------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["buyer.two@example.com", "Buyer@example.com", "buyer@example.org",
+                                   "not-an-email", "", 5, None])
+def test_an_input_email_that_is_not_the_orders_own_is_422_naming_input_email(api, ledger, given):
+    # The local part's case is the mail server's to judge: payonce does not take Buyer@ for buyer@.
+    body = order_body(input={"subject": SUBJECT, "chapters": CHAPTERS[:3], "email": given})
+
+    answer = post_order(api, body)
+
+    assert answer.status_code == 422, answer.content
+    fields = answer.json()["error"]["fields"]
+    assert list(fields) == ["input"] and list(fields["input"]) == ["email"], fields
+    assert Order.objects.count() == 0 and Job.objects.count() == 0
+
+
+def test_an_order_naming_its_email_in_its_input_too_is_one_order_with_or_without_it(api, ledger):
+    chapters = {"subject": SUBJECT, "chapters": CHAPTERS[:3]}
+
+    first = post_order(api, order_body(input={**chapters, "email": "buyer@example.com"}))
+    without = post_order(api, order_body(input=chapters))
+    domain_in_capitals = post_order(api, order_body(input={**chapters, "email": " buyer@EXAMPLE.com "}))
+
+    assert first.status_code == 201, first.content
+    # The same order: its input is stored, and hashed, as checked and without the email.
+    assert (without.status_code, domain_in_capitals.status_code) == (200, 200), domain_in_capitals.content
+    assert without.json()["id"] == domain_in_capitals.json()["id"] == first.json()["id"]
+    order = Order.objects.get()
+    assert order.input == chapters and order.email == "buyer@example.com"
+    assert Job.objects.get(id=order.job_id).input == {**chapters, "email": "buyer@example.com"}
+    # Another body under the same payment is still a conflict.
+    other = post_order(api, order_body(input={**chapters, "chapters": CHAPTERS[:2], "email": "buyer@example.com"}))
+    assert other.status_code == 409 and other.json()["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+
+
+def documented_order_bodies() -> dict[str, dict]:
+    """The order bodies the documents show: docs/api.md's (under "Orders") and the README's."""
+    api_md = (REPO_ROOT / "docs" / "api.md").read_text().split("\n## Orders\n", 1)[1]
+    readme = (REPO_ROOT / "README.md").read_text()
+    heredoc = re.search(r"ORDER_BODY=\$\(cat <<EOF\n(.*?)\nEOF\n", readme, re.S).group(1)
+    return {"docs/api.md": json.loads(re.search(r"```json\n(.*?)```", api_md, re.S).group(1)),
+            "README.md": json.loads(heredoc.replace("$PAYMENT_ID", "pi_readme"))}
+
+
+@pytest.mark.parametrize("document", ["docs/api.md", "README.md"])
+def test_the_documented_order_is_201_with_its_email_in_its_input_and_the_same_order_without(api, ledger, document):
+    documented = documented_order_bodies()[document]
+    with_email = {**documented, "input": {**documented["input"], "email": documented["email"]}}
+
+    first = post_order(api, with_email)
+    as_documented = post_order(api, documented)
+
+    assert first.status_code == 201, first.content
+    assert first.json()["status"] == "paid" and first.json()["job_id"]
+    assert as_documented.status_code == 200 and as_documented.json()["id"] == first.json()["id"]
