@@ -73,8 +73,9 @@ class Declared:
     maximum: int | None = None
 
 
-# OpenAI's images reference (the request of `images.generate`). `n` is bounded to 1 by payonce; `stream`
-# and `partial_images` are left out on purpose: a streamed answer is not one JSON body.
+# OpenAI's images reference (the request of `images.generate`). `n` is payonce's own (always 1, one output
+# per job: OpenAIImagesProvider.own_fields), not a parameter; `stream` and `partial_images` are left out on
+# purpose: a streamed answer is not one JSON body.
 _GPT_IMAGE_PARAMS = (
     Declared("size", "string", ("1024x1024", "1536x1024", "1024x1536", "auto")),
     Declared("quality", "string", ("low", "medium", "high", "auto")),
@@ -83,7 +84,6 @@ _GPT_IMAGE_PARAMS = (
     Declared("output_format", "string", ("png", "jpeg", "webp")),
     Declared("output_compression", "integer", minimum=0, maximum=100),  # jpeg and webp only
     Declared("user", "string"),  # an end-user id, for OpenAI's abuse monitoring
-    Declared("n", "integer", minimum=1, maximum=1),
 )
 _DALL_E_3_PARAMS = (
     Declared("size", "string", ("1024x1024", "1792x1024", "1024x1792")),
@@ -91,7 +91,6 @@ _DALL_E_3_PARAMS = (
     Declared("style", "string", ("vivid", "natural")),
     Declared("response_format", "string", ("url", "b64_json")),
     Declared("user", "string"),
-    Declared("n", "integer", minimum=1, maximum=1),
 )
 PARAMS: dict[str, tuple[Declared, ...]] = {
     "gpt-image-1": _GPT_IMAGE_PARAMS,
