@@ -308,7 +308,7 @@ def spec_from(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec |
         raise ValueError(f"content_type must be one of {', '.join(OUTPUT_CONTENT_TYPES)}")
     base = below.capabilities if below else getattr(ADAPTERS[provider], "capabilities", CHEAP_LLM)
     capabilities = _capabilities(base, entry.get("capabilities") or {})
-    params = _params(entry["params"]) if entry.get("params") is not None else (below.params if below else None)
+    params = _params(entry["params"], name) if entry.get("params") is not None else (below.params if below else None)
     extension = _EXTENSIONS.get(content_type) or (mimetypes.guess_extension(content_type) or ".bin").lstrip(".")
     return ModelSpec(provider, name.partition("/")[2], kind, content_type, extension, capabilities, params)
 
@@ -389,18 +389,34 @@ def _param(each) -> Param:
                  nullable=each.get("nullable", False), choices=tuple(choices) if choices else None)
 
 
-def _params(stated) -> tuple[Param, ...] | None:
+def _params(stated, name: str) -> tuple[Param, ...] | None:
+    """The parameters an entry for the model `name` declares (None: "any"). ValueError names the first thing
+    wrong, a parameter named like a field payonce sets among them."""
     if stated == "any":
         return None
     if not isinstance(stated, list):
         raise ValueError('params is a list of parameters, or "any"')
     params = [_param(each) for each in stated]
     names = [param.name for param in params]
-    if len(set(names)) != len(names):
-        raise ValueError(f"params: a parameter is declared twice ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
+    twice = sorted({each for each in names if names.count(each) > 1})
+    if twice:
+        raise ValueError(f"params: a parameter is declared twice ({', '.join(twice)})")
     if {p.name for p in params} & set(PAYONCE_INPUT_KEYS):
         raise ValueError(f"{', '.join(PAYONCE_INPUT_KEYS)} are payonce's own keys, not parameters")
+    provider = name.partition("/")[0]
+    owned = [p.name for p in params if p.name in own_fields(provider)]
+    if owned:
+        raise ValueError(f"{name}: {', '.join(owned)} {'is a field' if len(owned) == 1 else 'are fields'} payonce "
+                         f"sets in every {provider} request, never a parameter")
     return tuple(params)
+
+
+def own_fields(provider: str) -> tuple[str, ...]:
+    """The request fields payonce sets for `provider` (its adapter's `own_fields`: the model, the prompt, keys,
+    metadata, callback URLs...). A job parameter named like one is refused, whatever the model declares: sent,
+    it could replace what payonce records and bills (a `model` parameter once bought gpt-image-1 at the mini
+    model's price)."""
+    return ADAPTERS[provider].own_fields
 
 
 def row_entry(row: ModelConfig) -> dict:
@@ -596,24 +612,39 @@ def provider_params(job_input: Mapping) -> dict:
 def input_problems(models: Iterable[str], job_input: Mapping) -> dict[str, list[str]]:
     """Why each provider parameter of a media job's input is refused, by key ({} when none is).
 
-    Every model of the chain gets the same parameters, so a key must suit each model that declares its
-    parameters: an undeclared key, a value of the wrong type or out of bounds is refused (for the first
-    model it fails, named). A model that declares none (None: an arbitrary Replicate model) takes anything.
-    Unknown model names are skipped: the chain's own validation refuses them.
+    Every model of the chain gets the same parameters, so a key must suit each model: a key named like a
+    field payonce sets for the model's provider (`own_fields`) is refused for every model, even one that
+    takes "any" key; then, for a model that declares its parameters, an undeclared key, a value of the wrong
+    type or out of bounds is refused (for the first model it fails, named). A model that declares none
+    (None: an arbitrary Replicate model) takes any other key. Unknown model names are skipped: the chain's
+    own validation refuses them.
     """
     problems: dict[str, list[str]] = {}
-    specs = [spec for spec in map(model_spec, models) if spec is not None and spec.params is not None]
+    specs = [spec for spec in map(model_spec, models) if spec is not None]
     for key, value in provider_params(job_input).items():
         for spec in specs:
-            declared = {param.name: param for param in spec.params}
-            if key not in declared:
-                problem = f"Not a parameter of {spec.name}, which takes: {', '.join(declared) or 'none'}."
-            else:
-                problem = declared[key].problem(value)
+            problem = _own_field_problem(spec, key) or _declared_problem(spec, key, value)
             if problem is not None:
                 problems[key] = [problem]
                 break
     return problems
+
+
+def _own_field_problem(spec: ModelSpec, key: str) -> str | None:
+    # Only the code may declare a parameter named like an own field (a models file or an admin row that
+    # does is refused: _params), and it does so only to take the one value payonce sends (OpenAI's `n`, 1).
+    if key in own_fields(spec.provider) and key not in {param.name for param in spec.params or ()}:
+        return f"Not a parameter: payonce sets {key} in every request to {spec.name}."
+    return None
+
+
+def _declared_problem(spec: ModelSpec, key: str, value) -> str | None:
+    if spec.params is None:
+        return None
+    declared = {param.name: param for param in spec.params}
+    if key not in declared:
+        return f"Not a parameter of {spec.name}, which takes: {', '.join(declared) or 'none'}."
+    return declared[key].problem(value)
 
 
 def provider_usable(provider: str) -> bool:

@@ -45,6 +45,9 @@ class AnthropicProvider(real.RealAdapter):
 
     name = "anthropic"
     capabilities = CAPABILITIES
+    # The fields payonce sets in a call (executor.registry.input_problems refuses a parameter named like one).
+    # No job parameter reaches `complete`: the whole body is payonce's.
+    own_fields = ("model", "max_tokens", "messages", "system", "metadata")
     base_url_setting = "ANTHROPIC_BASE_URL"
     key_setting = "ANTHROPIC_API_KEY"
 

@@ -5,7 +5,8 @@ inference", "Webhooks", "Model Errors", "Request Error Types", "Reliability", th
 pricing page, and the official Python client fal_client; read 2026-12-03), and what is done with it here:
 
 - Submit: `POST {base}/{model_id}` with `Authorization: Key <FAL_KEY>` and the model's input as the JSON
-  body, here `{"prompt": prompt, **params}`; `?fal_webhook=<url>` asks for a call when the request ends.
+  body, here `{**params, "prompt": prompt}` (payonce's own fields over the job's parameters);
+  `?fal_webhook=<url>` asks for a call when the request ends.
   The answer is `{"status": "IN_QUEUE", "request_id", "response_url", "status_url", "cancel_url",
   "queue_position"}`. A model id is `owner/app` and an optional endpoint path (`fal-ai/flux/dev`); the
   status, result and cancel URLs name only the owner and the app (`fal-ai/flux/requests/{id}/status`).
@@ -79,6 +80,9 @@ _LOCKED = re.compile(r"user is locked", re.IGNORECASE)
 class FalProvider(real.RealAdapter):
     name = "fal"
     capabilities = CAPABILITIES
+    # The fields payonce sets in a submit (the model in the path, fal_webhook in the query): a job parameter may
+    # not be named like one (executor.registry.input_problems).
+    own_fields = ("model", "prompt", "fal_webhook")
 
     base_url_setting = "FAL_BASE_URL"
     key_setting = "FAL_KEY"
@@ -184,7 +188,8 @@ def app_id(model: str) -> str:
 
 
 def request_input(prompt: str, params: dict) -> dict:
-    return {"prompt": prompt, **(params or {})}
+    """The submit's body: the job's parameters, then payonce's own fields over them."""
+    return {**(params or {}), "prompt": prompt}
 
 
 def submission(data: dict) -> Submission:

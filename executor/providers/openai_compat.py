@@ -49,6 +49,9 @@ class OpenAIAdapter(real.RealAdapter):
 class OpenAICompatibleProvider(OpenAIAdapter):
     name = "openai"
     capabilities = CAPABILITIES
+    # The fields payonce sets in a call (executor.registry.input_problems refuses a parameter named like one).
+    # No job parameter reaches `complete`: the whole body is payonce's.
+    own_fields = ("model", "messages", "max_tokens")
 
     def complete(self, model: str, *, system: str, messages: list[dict], max_tokens: int, upstream_key: str,
                  metadata: dict) -> Completion:

@@ -10,9 +10,10 @@ be found by, so a reply lost after the request went out is an unknown outcome th
 is never resubmitted by rule: one image costs up to $0.25 (PRICES).
 
 Models are named as OpenAI names them (`gpt-image-1`, `gpt-image-1-mini`, `dall-e-3`); the body is
-`{"model", "prompt", **params, "n": 1}`. payonce makes one output per job, so `n` is always 1. Reference
-images are not taken: editing from references is OpenAI's other endpoint (`POST /images/edits`,
-multipart), which this adapter does not call.
+`{**params, "model", "prompt", "n": 1}`: payonce's own fields are set after the job's parameters, so none
+can replace them (a `model` parameter once sent gpt-image-1 high, billed as the mini model). payonce makes
+one output per job, so `n` is always 1. Reference images are not taken: editing from references is
+OpenAI's other endpoint (`POST /images/edits`, multipart), which this adapter does not call.
 
 The key (OPENAI_API_KEY) goes only to OPENAI_BASE_URL, the same settings as the chat adapter's.
 """
@@ -72,8 +73,10 @@ class Declared:
     maximum: int | None = None
 
 
-# OpenAI's images reference (the request of `images.generate`). `n` is bounded to 1 by payonce; `stream`
-# and `partial_images` are left out on purpose: a streamed answer is not one JSON body.
+# OpenAI's images reference (the request of `images.generate`). `n` is payonce's own (always 1, one output
+# per job: OpenAIImagesProvider.own_fields), declared here only as the one value payonce sends, so a job
+# that always said `"n": 1` is still taken; `stream` and `partial_images` are left out on purpose: a
+# streamed answer is not one JSON body.
 _GPT_IMAGE_PARAMS = (
     Declared("size", "string", ("1024x1024", "1536x1024", "1024x1536", "auto")),
     Declared("quality", "string", ("low", "medium", "high", "auto")),
@@ -82,7 +85,7 @@ _GPT_IMAGE_PARAMS = (
     Declared("output_format", "string", ("png", "jpeg", "webp")),
     Declared("output_compression", "integer", minimum=0, maximum=100),  # jpeg and webp only
     Declared("user", "string"),  # an end-user id, for OpenAI's abuse monitoring
-    Declared("n", "integer", minimum=1, maximum=1),
+    Declared("n", "integer", minimum=1, maximum=1),  # payonce's own (always 1), taken as 1 as it always was
 )
 _DALL_E_3_PARAMS = (
     Declared("size", "string", ("1024x1024", "1792x1024", "1024x1792")),
@@ -179,6 +182,9 @@ class OpenAIImagesProvider(openai_compat.OpenAIAdapter):
     # Not "openai": that name is the chat adapter's (`openai/<model>` stays a chat model).
     name = "openai-images"
     capabilities = CAPABILITIES
+    # The fields payonce sets in a generation (request_body): a job parameter may not be named like one
+    # (executor.registry.input_problems), and request_body sets them after the parameters.
+    own_fields = ("model", "prompt", "n")
 
     def _timeout(self) -> tuple[float, float]:
         connect, read = real.llm_timeout(self.read_timeout_s)
@@ -234,7 +240,8 @@ class OpenAIImagesProvider(openai_compat.OpenAIAdapter):
 
 
 def request_body(model: str, prompt: str, params: dict | None) -> dict:
-    """The JSON body of a generation. Refuses, before anything is sent, what would make more than one
+    """The JSON body of a generation: the job's parameters, then payonce's own fields over them (the model
+    recorded and billed is the one sent). Refuses, before anything is sent, what would make more than one
     image or an answer that is not one JSON body."""
     params = dict(params or {})
     n = params.pop("n", 1)
@@ -244,7 +251,7 @@ def request_body(model: str, prompt: str, params: dict | None) -> dict:
         raise ProviderError(ErrorClass.INVALID_INPUT, "a streamed answer is not taken: leave out stream and "
                                                       "partial_images")
     params.pop("stream", None)
-    return {"model": model, "prompt": prompt, **params, "n": 1}
+    return {**params, "model": model, "prompt": prompt, "n": 1}
 
 
 def submission(data: dict, headers, body: dict) -> Submission:

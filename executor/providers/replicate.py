@@ -7,10 +7,11 @@ this attempt would have sent, created no earlier than a minute before the attemp
 
 Model names are `owner/name` (official and deployment-less models: `POST /v1/models/{owner}/{name}/predictions`)
 or `owner/name:version` (`POST /v1/predictions` with `version`). The prediction input is
-`{"prompt": prompt, **params}`. Reference media uploaded through `upload_input` (Replicate's file store,
-`POST /v1/files`) are passed as `input["input_images"]`, a list of URLs: the name that multi-image
-editing models on Replicate use. A model that wants another field name (`image`, `input_image`...) takes
-it through `params` instead, which the caller controls.
+`{**params, "prompt": prompt}`: the job's parameters, then payonce's own fields over them, and the body's
+other fields (`version`, `webhook`) are payonce's alone. Reference media uploaded through `upload_input`
+(Replicate's file store, `POST /v1/files`) are passed as `input["input_images"]`, a list of URLs: the name
+that multi-image editing models on Replicate use. A model that wants another field name (`image`,
+`input_image`...) takes it through `params` instead, which the caller controls.
 """
 
 import json
@@ -52,6 +53,9 @@ LOOKUP_MAX_PAGES = 50
 class ReplicateProvider(real.RealAdapter):
     name = "replicate"
     capabilities = CAPABILITIES
+    # The fields payonce sets in a prediction (the model is in the URL; the rest in the body or its `input`): a
+    # job parameter may not be named like one (executor.registry.input_problems).
+    own_fields = ("model", "prompt", "input_images", "input", "version", "webhook", "webhook_events_filter")
 
     base_url_setting = "REPLICATE_BASE_URL"  # without /v1
     key_setting = "REPLICATE_API_TOKEN"
@@ -189,7 +193,8 @@ def split_model(model: str) -> tuple[str, str | None]:
 
 
 def prediction_input(prompt: str, params: dict, inputs: list[str]) -> dict:
-    body = {"prompt": prompt, **(params or {})}
+    """The prediction's `input`: the job's parameters, then payonce's own fields over them."""
+    body = {**(params or {}), "prompt": prompt}
     if inputs:
         body["input_images"] = list(inputs)
     return body

@@ -20,6 +20,10 @@ def _seconds(value) -> float | None:
 
 class SandboxProvider:
     name = "sandbox"
+    # The fields payonce sets in its requests (a render's and an LLM call's; `inputs` inside `params`): a job
+    # parameter may not be named like one (executor.registry.input_problems).
+    own_fields = ("model", "prompt", "request_id", "params", "inputs", "metadata", "callback_url",
+                  "system", "messages", "max_tokens")
 
     def __init__(self, base_url: str | None = None):
         self.base_url = (base_url or settings.SANDBOX_URL).rstrip("/")
@@ -53,6 +57,8 @@ class SandboxProvider:
 
     def submit(self, model: str, *, upstream_key: str, prompt: str, params: dict, metadata: dict,
                inputs: list[str]) -> Submission:
+        # The job's params are nested under `params`, and payonce's `inputs` is set after them: no param can
+        # replace a field payonce sets.
         if inputs:
             params = {**params, "inputs": inputs}
         body = {"model": model, "request_id": upstream_key, "prompt": prompt, "params": params, "metadata": metadata}

@@ -14,6 +14,8 @@ from billing import rates
 from billing.models import ModelPrice
 from executor import registry
 from executor.models import ModelConfig
+from executor.providers import ADAPTERS
+from executor.registry import PAYONCE_INPUT_KEYS
 from tests.conftest import media_body
 from tests.e2e.test_media import wait_for
 from tests.support.books import assert_books_balance
@@ -93,6 +95,8 @@ def test_a_changed_models_file_is_read_again_without_a_restart(models_file, db, 
     ({**SCHNELL_ENTRY, "capabilities": {"unpaid_statuses": [200]}}, "unpaid_statuses is a list of HTTP statuses"),
     ({**SCHNELL_ENTRY, "params": [{"name": "size", "type": "float"}]}, "type is number, integer or string"),
     ({**SCHNELL_ENTRY, "params": [{"name": "prompt", "type": "string"}]}, "payonce's own keys"),
+    ({**SCHNELL_ENTRY, "params": [{"name": "model", "type": "string"}]},
+     "model is a field payonce sets in every fal request, never a parameter"),
     ({**SCHNELL_ENTRY, "price": {"per_unit": "-1"}}, "not negative"),
     ({**SCHNELL_ENTRY, "price": {"input": "1"}}, "both input and output"),
 ])
@@ -115,6 +119,29 @@ def test_the_admin_refuses_a_wrong_model_where_it_is_written(admin_client, fresh
         "variants": json.dumps({"by": ["image_size"], "prices": {"square,extra": "0.01"}})})
     assert answer.status_code == 200 and "does not name a value for each of image_size" in answer.content.decode()
     assert not ModelConfig.objects.exists() and not ModelPrice.objects.exists()
+
+
+@pytest.mark.parametrize(("provider", "field"), [(provider, field) for provider, adapter in ADAPTERS.items()
+                                                  for field in adapter.own_fields if field not in PAYONCE_INPUT_KEYS])
+def test_an_entry_declaring_a_parameter_named_like_a_field_payonce_sets_is_refused_naming_both(provider, field):
+    name = f"{provider}/a-model"
+    entry = {"provider": provider, "kind": "image", "params": [{"name": "seed", "type": "integer"},
+                                                              {"name": field, "type": "string"}]}
+    with pytest.raises(ValueError) as refused:
+        registry.spec_from(name, entry, None)
+    assert str(refused.value) == (
+        f"{name}: {field} is a field payonce sets in every {provider} request, never a parameter")
+
+
+def test_the_admin_refuses_a_parameter_named_model_where_it_is_written(admin_client, fresh_catalog):
+    answer = admin_client.post("/admin/executor/modelconfig/add/", {
+        "name": "openai-images/gpt-image-1-mini", "enabled": "on",
+        "params": json.dumps([{"name": "quality", "type": "string"}, {"name": "model", "type": "string"}])})
+
+    assert answer.status_code == 200
+    assert ("openai-images/gpt-image-1-mini: model is a field payonce sets in every openai-images request, never a "
+            "parameter") in answer.content.decode()
+    assert not ModelConfig.objects.exists()
 
 
 @pytest.mark.e2e

@@ -19,7 +19,11 @@ own `capabilities`. The cases, one test function each, parametrized over the pro
    a signed callback verifies through `executor.callbacks.verify` and names the generation; a forged one
    (its body changed after signing, or signed with another secret or key) is Refused;
 10. usage and price: the usage of the success answer, priced by `billing.rates.cost_of`, is the Decimal
-    worked out by hand below from the fixture's numbers and the provider's published price.
+    worked out by hand below from the fixture's numbers and the provider's published price;
+11. payonce's own fields: every field the call sets (the body's, the query's, and those beside the job's
+    parameters where the adapter nests them) is one the adapter declares in `own_fields`, and a parameter
+    named like any of them never replaces payonce's value (issue 37: a `model` parameter once sent
+    gpt-image-1 at high quality, recorded and billed as gpt-image-1-mini).
 
 A case that does not apply is skipped with the capability that rules it out, and
 `test_every_declared_capability_has_its_case` holds the profiles to the capabilities both ways (a
@@ -34,7 +38,9 @@ Where the answers come from:
   was paid: a case that says "unpaid" also finds no charge, a lost reply finds the one it made;
 - the real providers (Anthropic, OpenAI chat, Replicate, fal, OpenAI images) answer from their recorded
   fixtures (executor/providers/fixtures/) replayed over real HTTP by tests.support.replay_server, with
-  REAL_PROVIDERS on and every adapter pointed at it, as tests/executor/test_adapters.py does.
+  REAL_PROVIDERS on and every adapter pointed at it, as tests/executor/test_adapters.py does;
+- case 11 reads the request each adapter sent, so there a ReplayServer stands in for every provider, the
+  sandbox included (its process keeps no request bodies).
 
 No database: the prices are the rate card's defaults (billing.rates.DEFAULTS). The admin's overrides
 (rows of ModelPrice) are an operator's choice, not the published price, and are set aside here.
@@ -50,6 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Callable
+from urllib.parse import parse_qsl
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -59,7 +66,7 @@ from standardwebhooks.webhooks import Webhook
 
 from billing import rates
 from executor import callbacks, registry
-from executor.providers import fal, fal_webhooks, real
+from executor.providers import fal, fal_webhooks, openai_images, real
 from executor.providers.anthropic import AnthropicProvider
 from executor.providers.base import (
     Capabilities,
@@ -100,6 +107,7 @@ FLUX_SCHNELL = "black-forest-labs/flux-schnell"
 FLUX_DEV = "fal-ai/flux/dev"
 JWKS_PATH = "/.well-known/jwks.json"
 # Replicate's listing (newest first) holds our prediction, created 2025-06-12T09:41:07.512Z, on page 2.
+REPLICATE_VERSION = "5599ed30703defd1d160a25a63321b4dec97101d98b4674bcc56e41f62f35637"
 REPLICATE_SUBMITTED_AT = datetime.fromisoformat("2025-06-12T09:41:07.300Z").timestamp()
 
 
@@ -200,6 +208,9 @@ class Profile:
     # The recorded error answers of the submit route (executor/providers/fixtures/<prefix><status>_*.json):
     # every 5xx among them must be in `server_errors`. None: the sandbox, whose 5xx are its status_5xx faults.
     fixtures: str | None = None
+    # Case 11's model and its submit route, when not the profile's: one whose request carries more of
+    # payonce's fields (a Replicate model's version).
+    wire_model: tuple[str, tuple[str, str]] | None = None
 
     @property
     def provider(self) -> str:
@@ -738,6 +749,7 @@ PROFILES = (
         ),
         cancel=CancelCase(("POST", "/v1/predictions/{id}/cancel"), answers=("replicate/prediction_canceled",),
                           upstream_id=PREDICTION_ID),
+        wire_model=(f"{FLUX_SCHNELL}:{REPLICATE_VERSION}", ("POST", "/v1/predictions")),
         callback=replicate_callback,
         # flux-schnell is priced per output image: $3 per thousand (replicate.com/black-forest-labs/
         # flux-schnell); prediction_succeeded made one (metrics.image_count 1): $0.003. Its predict_time
@@ -924,6 +936,142 @@ def test_usage_and_price(profile, case, harness, monkeypatch):
     check_price(profile, harness, case)
 
 
+# -- case 11: payonce's own fields ----------------------------------------------------------------------
+#
+# Read on the wire: a ReplayServer stands in for every provider (the sandbox's process keeps no request
+# bodies), with callbacks on, so that the callback URLs payonce sets are in the request too.
+
+# A parameter no model takes: where it lands in the request is where the job's parameters go.
+PROBE = "conformance_probe"
+# A reference already uploaded, for the adapters that take references (the others refuse them unsent).
+REFERENCE = "https://payonce.example/inputs/reference-1"
+CALLBACK_BASE = "https://payonce.example"
+# What a parameter named like one of payonce's fields carries: never any value payonce sets.
+PARAM_VALUE = "a parameter's value"
+# The sandbox's acceptance, where the ReplayServer stands in for it.
+SANDBOX_WIRE_ANSWERS = {
+    "media": {"status": 202, "headers": {"content-type": "application/json"},
+              "body": {"id": "gen_wire", "status": "running"}},
+    "text": {"status": 200, "headers": {"content-type": "application/json"},
+             "body": {"id": "msg_wire", "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                      "usage": {"input_tokens": 1, "output_tokens": 1}}},
+}
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the provider received it."""
+
+    path: str
+    query: dict
+    body: dict
+
+
+@pytest.fixture
+def wire(profile, settings):
+    with ReplayServer() as server:
+        # The sandbox asks for callbacks only while real providers are off; the real adapters reach the
+        # server only while they are on.
+        settings.REAL_PROVIDERS = profile.backend != "sandbox"
+        settings.SANDBOX_URL = server.url
+        settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
+        settings.ANTHROPIC_BASE_URL = server.url
+        settings.OPENAI_API_KEY = "sk-proj-test-key"
+        settings.OPENAI_BASE_URL = server.url + "/v1"
+        settings.REPLICATE_API_TOKEN = "r8_test_token"
+        settings.REPLICATE_BASE_URL = server.url
+        settings.FAL_KEY = "fal-key-id:fal-key-secret"
+        settings.FAL_BASE_URL = server.url
+        settings.PROVIDER_CALLBACK_BASE_URL = CALLBACK_BASE
+        settings.SANDBOX_CALLBACK_SECRET = whsec(b"sandbox callbacks")
+        settings.REPLICATE_WEBHOOK_SECRET = whsec(b"replicate webhook secret")
+        settings.FAL_WEBHOOK_JWKS_URL = server.url + JWKS_PATH  # never fetched: a submit only names the URL
+        yield server
+        assert server.unexpected == [], f"requests nothing was scripted for: {server.unexpected}"
+
+
+def wire_call(profile: Profile, server: ReplayServer, params: dict) -> Sent | None:
+    """The request the profile's call sends with `params` (and a reference, where the adapter takes one), or
+    None when the adapter refused it before sending anything (invalid_input)."""
+    model, route = profile.wire_model or (profile.model, profile.route)
+    answer = SANDBOX_WIRE_ANSWERS[profile.kind] if profile.backend == "sandbox" else profile.accepted
+    adapter = profile.adapter()
+    before = len(server.requests)
+    server.script(*route, answer)
+    if profile.kind == "text":
+        adapter.complete(model, system=SYSTEM, messages=MESSAGES, max_tokens=profile.max_tokens,
+                         upstream_key=UPSTREAM_KEY, metadata=METADATA)
+    else:
+        for inputs in ([REFERENCE], []):  # OpenAI's images and fal take no references: refused unsent
+            try:
+                adapter.submit(model, upstream_key=UPSTREAM_KEY, prompt=PROMPT, params=dict(params),
+                               metadata=METADATA, inputs=inputs)
+                break
+            except ProviderError as exc:
+                assert exc.kind == ErrorClass.INVALID_INPUT and len(server.requests) == before, (
+                    f"{profile.id}: {exc!r} after a request went out")
+        else:
+            return None  # nothing was sent (the answer scripted for it stays unused)
+    [request] = server.requests[before:]
+    assert (request.method, request.path) == route, f"{profile.id}: sent to {request.method} {request.path}"
+    assert isinstance(request.json, dict), f"{profile.id}: the body is not a JSON object: {request.body[:200]!r}"
+    return Sent(request.path, dict(parse_qsl(request.query)), request.json)
+
+
+def check_own_fields_declared(profile: Profile, server: ReplayServer) -> None:
+    """Every field the call sets is one the adapter declares its own: the body's, the query's, and those
+    beside the job's parameters where the adapter nests them (found by a probe parameter)."""
+    own = set(profile.adapter.own_fields)
+    sent = wire_call(profile, server, {} if profile.kind == "text" else {PROBE: 1})
+    assert sent is not None, f"{profile.id}: refused a call with nothing wrong in it"
+    beside_params: set = set()
+    if profile.kind == "media":
+        [where] = [level for level in (sent.body, *sent.body.values()) if isinstance(level, dict) and PROBE in level]
+        beside_params = set(where)
+    set_by_payonce = (set(sent.body) | beside_params | set(sent.query)) - {PROBE}
+    assert set_by_payonce - own == set(), (
+        f"{profile.id} sets {sorted(set_by_payonce - own)} without declaring them in own_fields")
+    assert "model" in own and (profile.kind == "text" or "prompt" in own), (
+        f"{profile.id}: the model (and a render's prompt) is always payonce's own")
+    if capabilities_of(profile).callbacks:  # the call asked for its callback: that field was checked too
+        assert f"{CALLBACK_BASE}/v1/callbacks/{profile.provider}" in json.dumps([sent.body, sent.query]), sent
+
+
+def keeps(payonces, sent, where: str = "") -> list[str]:
+    """Where `sent` lost a value `payonces` (the request without the parameter) has: [] when none."""
+    if isinstance(payonces, dict) and isinstance(sent, dict):
+        return [lost for key, value in payonces.items()
+                for lost in (keeps(value, sent[key], f"{where}.{key}") if key in sent else [f"{where}.{key}"])]
+    return [] if payonces == sent else [f"{where or 'the body'}: {sent!r} instead of {payonces!r}"]
+
+
+def check_own_field_kept(profile: Profile, server: ReplayServer, own_field: str) -> None:
+    """A parameter named like `own_field` changes nothing payonce sets: the path (the model, for fal and
+    Replicate), the query and every field of the body keep the values of the same call without it; or the
+    adapter refuses the call before sending it."""
+    payonces = wire_call(profile, server, dict(profile.params))
+    assert payonces is not None, f"{profile.id}: refused a call with nothing wrong in it"
+    sent = wire_call(profile, server, {**profile.params, own_field: PARAM_VALUE})
+    if sent is None:
+        return  # refused unsent (OpenAI's images refuse an n other than 1): nothing replaced
+    assert sent.path == payonces.path, f"{profile.id}: {own_field} moved the call to {sent.path}"
+    lost = keeps({"query": payonces.query, "body": payonces.body}, {"query": sent.query, "body": sent.body})
+    assert lost == [], f"{profile.id}: a parameter named {own_field} replaced payonce's value at {lost}"
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=IDS)
+def test_every_field_the_call_sets_is_one_of_the_adapters_own(profile, wire):
+    check_own_fields_declared(profile, wire)
+
+
+@pytest.mark.parametrize(("profile", "own_field"),
+                         pairs(lambda p: p.adapter.own_fields if p.kind == "media" else (), str))
+def test_a_parameter_named_like_an_own_field_never_replaces_payonces_value(profile, own_field, wire):
+    if own_field is None:
+        pytest.skip(f"{profile.id}: a text call (complete) takes no job parameters: its whole body is payonce's")
+    check_own_field_kept(profile, wire, own_field)
+
+
 # -- the profiles are held to the capabilities --------------------------------------------------------
 
 
@@ -1005,6 +1153,26 @@ def test_the_checks_catch_a_5xx_reported_as_unpaid(profile, harness, monkeypatch
     monkeypatch.setattr(fal, "classify_http_error", unpaid)
     with pytest.raises(AssertionError, match="unknown outcome"):
         check_server_error(profile, harness, 503)
+
+
+@pytest.mark.parametrize("profile", [PROFILE["openai-images"]], ids=["openai-images"])
+def test_the_checks_catch_a_parameter_that_replaces_the_model(profile, wire, monkeypatch):
+    check_own_field_kept(profile, wire, "model")  # as the adapter is: it passes
+
+    # The body as it was built before issue 37: the job's parameters after payonce's fields.
+    monkeypatch.setattr(openai_images, "request_body",
+                        lambda model, prompt, params: {"model": model, "prompt": prompt, **params, "n": 1})
+    with pytest.raises(AssertionError, match="replaced payonce's value"):
+        check_own_field_kept(profile, wire, "model")
+
+
+@pytest.mark.parametrize("profile", [PROFILE["fal"]], ids=["fal"])
+def test_the_checks_catch_a_field_the_adapter_sets_without_declaring_it(profile, wire, monkeypatch):
+    check_own_fields_declared(profile, wire)  # as the adapter is: it passes
+
+    monkeypatch.setattr(FalProvider, "own_fields", ("model", "fal_webhook"))  # the prompt left out
+    with pytest.raises(AssertionError, match="without declaring"):
+        check_own_fields_declared(profile, wire)
 
 
 @pytest.mark.parametrize("profile", [PROFILE["replicate"]], ids=["replicate"])

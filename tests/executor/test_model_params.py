@@ -1,7 +1,8 @@
 """Models declare their parameters (executor.registry): a media job's `input` holds `prompt`, `references`
 and only the parameters every declaring model of its chain takes, so a typo such as `rendr_s` is a 422
 at submit, before any row or charge, instead of a default render paid for. A Replicate model, whose
-parameters payonce cannot know, passes any key through."""
+parameters payonce cannot know, passes any other key through. No model, whatever it declares, takes a key
+named like a field payonce sets in its provider's requests (the adapter's `own_fields`)."""
 
 import json
 import re
@@ -9,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from executor.registry import code_spec, input_problems, provider_params
-from jobs.models import Job
+from executor import registry
+from executor.models import Attempt, ModelConfig
+from executor.registry import PAYONCE_INPUT_KEYS, code_spec, input_problems, own_fields, provider_params
+from jobs.models import Job, Step
 from sandbox import catalog as sandbox_catalog
 from sandbox.server import ApiError, _render_params
 from tests.conftest import media_body
 from tests.e2e.test_media import charges_for, wait_for
+from tests.support.replay_server import ReplayServer
 
 SANDBOX_MEDIA = ["sandbox/video-keyed", "sandbox/image-lookup", "sandbox/image-blind"]
 REPLICATE = "replicate/black-forest-labs/flux-schnell"
@@ -200,3 +204,96 @@ def test_the_cli_submit_refuses_an_undeclared_parameter_as_the_api_does(api):
     error = json.loads(done.stderr.strip().splitlines()[-1])
     assert error == answer.json() and set(error["error"]["fields"]["input"]) == {"rendr_s"}
     assert Job.objects.count() == 0
+
+
+# --- payonce's own fields are never parameters (issue 37, finding 4) ---------------------------------------
+
+MINI = "openai-images/gpt-image-1-mini"
+# A media model of each provider that has them, as the code declares its parameters (Replicate's: none).
+MEDIA_MODEL_OF = {"sandbox": "sandbox/video-keyed", "fal": "fal/fal-ai/flux/dev", "openai-images": MINI,
+                  "replicate": REPLICATE}
+# (model, field, how the model takes its keys): as the code declares them, and declared "any" (a Replicate
+# model takes any key as the code has it). The prompt is left out: it is the job's own `prompt`.
+OWN_FIELD_KEYS = [pytest.param(model, field, takes, id=f"{model}-{field}-{takes}")
+                  for provider, model in MEDIA_MODEL_OF.items() for field in own_fields(provider)
+                  if field not in PAYONCE_INPUT_KEYS
+                  for takes in (("any",) if provider == "replicate" else ("declared", "any"))]
+
+
+def owned(field: str, model: str) -> list[str]:
+    return [f"Not a parameter: payonce sets {field} in every request to {model}."]
+
+
+@pytest.fixture
+def takes_any_key(settings, tmp_path, db):
+    """Declare models `"params": "any"`, as the admin's rows or in the models file (`how`)."""
+
+    def declare(how: str, *names: str):
+        if how == "admin row":
+            ModelConfig.objects.bulk_create(ModelConfig(name=name, params="any") for name in names)
+        else:
+            path = tmp_path / "models.json"
+            path.write_text(json.dumps({"models": [{"name": name, "params": "any"} for name in names]}))
+            settings.MODELS_FILE = str(path)
+        registry.forget_models()
+        assert [registry.model_spec(name).params for name in names] == [None] * len(names)  # any key, now
+
+    registry.forget_models()
+    yield declare
+    registry.forget_models()
+
+
+@pytest.mark.parametrize("how", ["admin row", "models file"])
+def test_a_model_key_is_422_for_a_model_that_takes_any_key_with_nothing_written_or_sent(api, settings, takes_any_key,
+                                                                                        how):
+    # The finding: gpt-image-1-mini declared "any" took {"model": "gpt-image-1", "quality": "high"}, and OpenAI
+    # made (and billed) a gpt-image-1 high image, $0.2496 on the rate card, recorded as the mini model at $0.052.
+    takes_any_key(how, MINI)
+    with ReplayServer() as openai:  # OpenAI, were anything sent
+        settings.REAL_PROVIDERS = True
+        settings.OPENAI_API_KEY = "sk-proj-test-key"
+        settings.OPENAI_BASE_URL = openai.url + "/v1"
+        job_input = {"model": "gpt-image-1", "quality": "high", "prompt": "a lighthouse at dusk"}
+        response = api.create(media_body(models=[MINI], input=job_input), key="bigger-model")
+
+        assert response.status_code == 422, response.content
+        assert response.json()["error"]["code"] == "INVALID_REQUEST"
+        assert response.json()["error"]["fields"] == {"input": {"model": owned("model", MINI)}}
+        assert (Job.objects.count(), Step.objects.count(), Attempt.objects.count()) == (0, 0, 0)
+        assert openai.requests == []
+
+    # "any" still takes the rest: without the model, the same input is a job.
+    accepted = api.create(media_body(models=[MINI], input={"quality": "high", "prompt": "a lighthouse at dusk"}),
+                          key="no-model")
+    assert accepted.status_code == 201, accepted.content
+
+
+@pytest.mark.parametrize(("model", "field", "takes"), OWN_FIELD_KEYS)
+def test_a_key_named_like_a_field_payonce_sets_is_refused_whatever_the_model_takes(takes_any_key, model, field,
+                                                                                    takes):
+    if takes == "any":
+        takes_any_key("models file", model)
+    assert (code_spec(model).params is None) == (model == REPLICATE)  # "declared" cases declare, indeed
+
+    assert input_problems([model], {"prompt": "x", field: "a value"}) == {field: owned(field, model)}
+
+
+def test_in_a_chain_a_field_one_provider_sets_is_refused_though_the_first_model_takes_any_key(takes_any_key):
+    takes_any_key("admin row", "sandbox/video-keyed")
+
+    # version is Replicate's (a model's version), not the sandbox's: the chain's second model refuses it.
+    assert input_problems(["sandbox/video-keyed", REPLICATE], {"prompt": "x", "version": "v2"}) == {
+        "version": owned("version", REPLICATE)}
+    assert input_problems(["sandbox/video-keyed", REPLICATE], {"prompt": "x", "seed": 7}) == {}
+
+
+def test_no_model_the_code_knows_declares_a_field_payonce_sets_but_as_the_one_value_it_sends(settings):
+    # OpenAI's images always took `"n": 1` (payonce makes one image a job): still taken, and only that.
+    declaring = {name: spec for name, spec in registry._code_models().items() if spec.params is not None}
+    assert set(MEDIA_MODEL_OF.values()) - {REPLICATE} <= set(declaring)  # the check reaches each provider's
+    owned = {(name, p.name, p.minimum, p.maximum) for name, spec in declaring.items() for p in spec.params
+             if p.name in own_fields(spec.provider)}
+    assert owned == {(f"openai-images/{model}", "n", 1, 1) for model in ("gpt-image-1", "gpt-image-1-mini", "dall-e-3")}
+    assert input_problems(["openai-images/gpt-image-1"], {"prompt": "x", "n": 1}) == {}
+    assert input_problems(["openai-images/gpt-image-1"], {"prompt": "x", "n": 2}) == {
+        "n": ["Ensure this value is less than or equal to 1."]}
