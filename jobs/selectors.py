@@ -31,6 +31,11 @@ def job_holding_output_key(*, client_id, key: str):
 _OWN_JOB_SQL = f"SELECT j.*, {attempts_json_sql('j.id')} AS attempt_rows FROM jobs_job j WHERE j.id = %s AND j.client_id = %s"
 
 
+def idempotency_key_used(*, client_id, key: str) -> bool:
+    """Whether the client has a job under this Idempotency-Key (job_client_idempotency_key's index)."""
+    return Job.objects.filter(client_id=client_id, idempotency_key=key).exists()
+
+
 def own_job(*, client_id, job_id) -> Job | None:
     """The client's job with its attempts, in one statement; another client's job is None."""
     return next(iter(Job.objects.raw(_OWN_JOB_SQL, [job_id, client_id])), None)

@@ -209,3 +209,20 @@ def test_renders_out_when_the_admin_disables_their_models_end_and_a_cancel_settl
     finally:
         worker.stop()
     assert Job.objects.filter(status="running").count() == 0
+
+
+def test_a_replay_after_its_model_was_disabled_is_the_same_job_not_a_422(api, fresh_catalog):
+    # A careful client's POST whose answer was lost is sent again; meanwhile an operator disabled the model.
+    # The job exists (and may be paid for): the replay answers it, as any replay does; a new key is refused.
+    body = media_body(input={"prompt": "replayed", "render_s": 1})
+    first = api.create(body, key="lost-answer")
+    assert first.status_code == 201, first.content
+    disable("sandbox/video-keyed")
+
+    again = api.create(body, key="lost-answer")
+    assert (again.status_code, again.json()["id"]) == (202, first.json()["id"]), again.content
+    other = api.create({**body, "input": {"prompt": "another body", "render_s": 1}}, key="lost-answer")
+    assert other.status_code == 409 and other.json()["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+    new = api.create(body, key="a-new-key")
+    assert new.status_code == 422 and "models" in new.json()["error"]["fields"], new.content
+    assert Job.objects.count() == 1
