@@ -59,7 +59,7 @@ class JobPlan:
 class Event:
     at: float
     kind: str  # fault, kill, aimed_kill, flush_broker, restart_postgres, cut_connections, crash_sandbox,
-    #            kill_webhooks
+    #            kill_webhooks, models_file, model_enabled, price
     detail: dict = field(default_factory=dict)
 
 
@@ -153,5 +153,29 @@ def make_plan(seed: int, jobs: int, submit_s: float) -> Plan:
     while t < submit_s + 10:
         events.append(Event(round(t, 3), "cut_connections"))
         t += cuts.uniform(4, 9)
+    events.extend(catalog_events(seed, submit_s))
     events.sort(key=lambda e: e.at)
     return Plan(seed, job_plans, events, submit_s, retry_share=0.5)
+
+
+# What operators change while the storm runs (issue 37): the models file written wrong, then right again; a
+# model disabled on the admin's Models page, then enabled again; and a price lowered below what the
+# sandbox charges (a wrong price, kept to the end: every render of that model out when it is first seen
+# drifts). Each names its model; the storm writes them as the admin and a deploy would (storm.Storm._do).
+DISABLED_MODEL = "sandbox/image-lookup"  # the lookup family's, and the chain's fallback
+LOWERED_MODEL, LOWERED_PRICE = "sandbox/video-keyed", "0.05"  # the sandbox charges $0.40 a render
+
+
+def catalog_events(seed: int, submit_s: float) -> list[Event]:
+    """Drawn from a generator of their own, so the pinned seeds keep the jobs and events they failed with."""
+    rng = random.Random(f"catalog-{seed}")
+    wrong = round(rng.uniform(0.15, 0.25) * submit_s, 3)
+    disabled = round(rng.uniform(0.30, 0.40) * submit_s, 3)
+    return [
+        Event(wrong, "models_file", {"valid": False}),
+        Event(round(wrong + rng.uniform(2, 4), 3), "models_file", {"valid": True}),
+        Event(disabled, "model_enabled", {"model": DISABLED_MODEL, "enabled": False}),
+        Event(round(disabled + rng.uniform(3, 6), 3), "model_enabled", {"model": DISABLED_MODEL, "enabled": True}),
+        Event(round(rng.uniform(0.45, 0.55) * submit_s, 3), "price", {"model": LOWERED_MODEL,
+                                                                       "per_unit": LOWERED_PRICE}),
+    ]

@@ -52,6 +52,11 @@ class Stack:
             self.broker_url = f"redis://{redis}/{redis_db}"
             self.local_broker_url = f"redis://127.0.0.1:6379/{redis_db}"
             cache = self.broker_url
+        # A models file in force from the start (the storm writes it wrong, then right, while jobs run): it
+        # states the sandbox's own prices, so while it is in force nothing changes but that it is read.
+        self.models_file = self.workdir / "models.json"
+        self.write_models_file(valid=True)
+        self.metrics_token = "storm-metrics-token"
         self.env = payonce_env(**{
             "DATABASE_URL": self.database_url,
             "BROKER_URL": self.broker_url,
@@ -64,6 +69,7 @@ class Stack:
             "PUBLIC_BASE_URL": self.web_url,
             "PROVIDER_CALLBACK_BASE_URL": self.web_url,
             "EMAIL_URL": "console://",
+            "MODELS_FILE": self.models_file, "MODELS_CACHE_S": "1", "METRICS_TOKEN": self.metrics_token,
             # Recovery in seconds, not minutes, so a storm fits a CI run.
             **FAST_RECOVERY,
             "POLL_MAX_INTERVAL_S": "3", "RETRY_BACKOFF_MAX_S": "5", "WAIT_DEADLINE_S": "90",
@@ -143,6 +149,26 @@ class Stack:
             proc.launch()
         for proc in self.procs.values():
             proc.ready_within(START_TIMEOUT_S)
+
+    # -- what operators change ----------------------------------------------------------------------
+
+    def write_models_file(self, *, valid: bool) -> None:
+        """The models file, right (the sandbox's blind model at its own price) or wrong (a negative price
+        and a flag that is a string: every process must refuse it and keep the one in force). Written
+        whole and renamed into place, as a deploy does."""
+        price = "0.04" if valid else "-0.04"
+        entry = {"name": "sandbox/image-blind", "price": {"per_unit": price, "unit": "image"}}
+        if not valid:
+            entry["enabled"] = "false"
+        staged = self.models_file.with_suffix(".tmp")
+        staged.write_text(json.dumps({"models": [entry]}))
+        os.replace(staged, self.models_file)
+
+    def metrics(self) -> str:
+        import requests
+
+        return requests.get(f"{self.web_url}/metrics", headers={"Authorization": f"Bearer {self.metrics_token}"},
+                            timeout=15).text
 
     # -- faults ------------------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ def caps_for(jobs: int) -> dict[str, str]:
 OPEN = ("queued", "running", "waiting")
 AIMED_TRIES = 6  # set-ups of an aimed kill before it kills whatever it caught (checks.check_landed judges)
 TERMINAL = ("succeeded", "failed", "cancelled")
+# How long after a model is enabled again a process may still refuse it (MODELS_CACHE_S 1 s, and a second).
+CATALOG_LAG_S = 3.0
 
 
 @dataclass
@@ -62,6 +64,10 @@ class Record:
     retries: dict = field(default_factory=dict)  # job id -> attempt numbers that existed at the person's retry
     progress: dict = field(default_factory=lambda: defaultdict(list))  # job id -> [(t, signature)]
     server_errors: list = field(default_factory=list)
+    disabled: set = field(default_factory=set)  # models disabled right now (the Models page, as the storm set it)
+    enabled_again: dict = field(default_factory=dict)  # model -> when the storm enabled it again
+    refused_disabled: dict = field(default_factory=dict)  # key -> the disabled model its POST was refused for
+    catalog: list = field(default_factory=list)  # (t, what) the storm changed in the catalog and the prices
 
 
 class Storm:
@@ -184,8 +190,12 @@ class Storm:
                         self.record.job_ids.setdefault(job.key, job_id)
                     return
                 if response.status_code < 500 and response.status_code != 429:
+                    refused_for = self._refused_as_disabled(job, response)
                     with self.lock:
-                        self.record.unexpected.append((job.key, response.status_code, response.text[:300]))
+                        if refused_for:  # a new job on a model an operator disabled: refused, as it should be
+                            self.record.refused_disabled[job.key] = refused_for
+                        else:
+                            self.record.unexpected.append((job.key, response.status_code, response.text[:300]))
                     return
                 self.record.post_errors[f"http_{response.status_code}"] += 1
             if time.monotonic() > deadline:
@@ -193,6 +203,22 @@ class Storm:
                     self.record.unexpected.append((job.key, "no answer", "gave up after 120 s"))
                 return
             time.sleep(0.5)
+
+    def _refused_as_disabled(self, job: JobPlan, response: requests.Response) -> str | None:
+        """The disabled model a 422 refused this new job for, or None: a 422 on its `models` alone, naming
+        a model the storm has disabled, or enabled again less than CATALOG_LAG_S ago (each process reads
+        the Models page within MODELS_CACHE_S). A replay of a key whose job exists is never one: it is
+        judged by its hash (202), whatever the catalog says now."""
+        if response.status_code != 422:
+            return None
+        fields = (response.json().get("error") or {}).get("fields") or {}
+        if set(fields) != {"models"}:
+            return None
+        with self.lock:
+            suspects = self.record.disabled | {model for model, at in self.record.enabled_again.items()
+                                               if time.time() - at < CATALOG_LAG_S}
+        words = " ".join(map(str, fields["models"]))
+        return next((model for model in job.body.get("models", []) if model in suspects and model in words), None)
 
     def _send(self, job: JobPlan) -> None:
         self.at(job.at)
@@ -253,6 +279,8 @@ class Storm:
             record.kills["webhooks worker"] += 1
         elif event.kind == "cut_connections":
             record.cuts.append(stack.cut_connections())
+        elif event.kind in ("models_file", "model_enabled", "price"):
+            self._catalog(event)
         elif event.kind == "restart_postgres":
             if self.args.no_pg_restart:
                 return
@@ -260,6 +288,46 @@ class Storm:
             back = stack.restart_postgres()
             record.events["postgres restart"] = started
             record.events["postgres back"] = back
+
+    def _catalog(self, event: Event) -> None:
+        """What an operator changes while jobs run: the models file (written wrong, then right: every
+        process keeps the good one meanwhile), a model's `enabled` on the Models page, a price on it (the
+        rows the admin's form writes, written to the storm's database)."""
+        detail, now = event.detail, time.time()
+        if event.kind == "models_file":
+            self.stack.write_models_file(valid=detail["valid"])
+            what = f"models file {'right' if detail['valid'] else 'wrong'}"
+        elif event.kind == "model_enabled":
+            with self.lock:  # said before it is written: a POST refused a moment later is one it explains
+                self.record.disabled.add(detail["model"])
+            self._write("INSERT INTO executor_modelconfig (name, enabled, provider, kind, content_type, note, "
+                        "updated_at) VALUES (%s, %s, '', '', '', 'the storm', now()) ON CONFLICT (name) DO UPDATE "
+                        "SET enabled = EXCLUDED.enabled, updated_at = now()", [detail["model"], detail["enabled"]])
+            if detail["enabled"]:
+                with self.lock:
+                    self.record.disabled.discard(detail["model"])
+                    self.record.enabled_again[detail["model"]] = time.time()
+            what = f"{'enabled' if detail['enabled'] else 'disabled'} {detail['model']}"
+        else:
+            self._write("INSERT INTO billing_modelprice (model, free, per_unit_usd, unit, note, updated_at) VALUES "
+                        "(%s, false, %s, 'render', 'the storm: lower than the sandbox charges', now()) "
+                        "ON CONFLICT (model) DO UPDATE SET per_unit_usd = EXCLUDED.per_unit_usd, updated_at = now()",
+                        [detail["model"], detail["per_unit"]])
+            what = f"priced {detail['model']} at ${detail['per_unit']}"
+        with self.lock:
+            self.record.catalog.append((now, what))
+
+    def _write(self, sql: str, params: list) -> None:
+        """One statement on the storm's database, as the admin's save does, tried again while PostgreSQL is
+        coming back from its restart."""
+        for _ in range(40):
+            try:
+                with checks.pg(self.stack.local_database_url) as conn:
+                    conn.execute(sql, params)
+                return
+            except Exception:  # PostgreSQL restarting or a cut connection: try again
+                time.sleep(0.5)
+        raise RuntimeError(f"could not write: {sql[:80]}")
 
     def _fault(self, faults: list[dict], *, first: bool = False) -> None:
         """Add faults to the sandbox's queue; `first` puts them before the pending ones (an aimed kill's
@@ -375,7 +443,9 @@ class Storm:
     # -- watching ----------------------------------------------------------------------------------
 
     def _sample_caps(self) -> None:
-        """Every second: spent + reserved <= cap for every client, read from the budget rows."""
+        """Every second: spent + reserved <= cap for every client, read from the budget rows. A sample over
+        the cap is kept; checks.check_cap judges it against the margin a price drift allows (the money
+        the attempts in flight when it was first seen overshot their reservations by)."""
         caps = {name: Decimal(cap) for name, cap in self.caps.items()}
         names = {creds["client_id"]: name for name, creds in self.clients.items()}
         while not self.stop_sampling.wait(1.0):
@@ -389,7 +459,7 @@ class Storm:
             for client_id, month, spent, reserved in rows:
                 name = names.get(client_id)
                 if name and spent + reserved > caps[name]:
-                    self.record.cap_breaches.append((round(time.time() - self.t0, 1), name, str(spent), str(reserved)))
+                    self.record.cap_breaches.append((round(time.time() - self.t0, 1), name, spent + reserved - caps[name]))
 
     def _track(self) -> None:
         """Every second, each client's open jobs as the API lists them: when each job last changed."""
