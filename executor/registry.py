@@ -500,11 +500,7 @@ def models_file() -> ModelsFile:
     path = settings.MODELS_FILE
     if not path:
         return _NO_FILE
-    try:
-        stat = os.stat(path)
-        seen = (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
-    except OSError as exc:
-        seen = (path, f"{type(exc).__name__}: {exc}")
+    seen = _on_disk(path)
     good = _file["good"] if _file["good"].path == path else _NO_FILE
     if seen == _file["seen"]:
         return good
@@ -523,6 +519,16 @@ def models_file() -> ModelsFile:
     return loaded
 
 
+def _on_disk(path: str) -> tuple:
+    """What the file on disk is now: its stamp (a change of content, size or inode, as a rename into place
+    makes), or why it cannot be read."""
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        return (path, f"{type(exc).__name__}: {exc}")
+    return (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
 def file_entries() -> Mapping[str, dict]:
     """The models file's entries by name, as in force ({} without MODELS_FILE)."""
     return models_file().entries
@@ -539,11 +545,12 @@ def check_models_file() -> list[str]:
     path = settings.MODELS_FILE
     if not path:
         return []
+    seen = _on_disk(path)
     try:
         loaded = read_models_file(path)
     except ModelsFileInvalid as exc:
         return exc.problems
-    _file.update(good=loaded, seen=None)
+    _file.update(good=loaded, seen=seen)  # in force; its first use reads nothing again, and says nothing
     return []
 
 

@@ -158,7 +158,8 @@ def make_plan(seed: int, jobs: int, submit_s: float) -> Plan:
     return Plan(seed, job_plans, events, submit_s, retry_share=0.5)
 
 
-# What operators change while the storm runs (issue 37): the models file written wrong, then right again; a
+# What operators change while the storm runs (issue 37): the models file written wrong, then right again (once
+# a process has said it refused it); a
 # model disabled on the admin's Models page, then enabled again; and a price lowered below what the
 # sandbox charges (a wrong price, kept to the end: every render of that model out when it is first seen
 # drifts). Each names its model; the storm writes them as the admin and a deploy would (storm.Storm._do).
@@ -172,8 +173,7 @@ def catalog_events(seed: int, submit_s: float) -> list[Event]:
     wrong = round(rng.uniform(0.15, 0.25) * submit_s, 3)
     disabled = round(rng.uniform(0.30, 0.40) * submit_s, 3)
     return [
-        Event(wrong, "models_file", {"valid": False}),
-        Event(round(wrong + rng.uniform(2, 4), 3), "models_file", {"valid": True}),
+        Event(wrong, "models_file", {"valid": False}),  # right again once a process has refused it (storm)
         Event(disabled, "model_enabled", {"model": DISABLED_MODEL, "enabled": False}),
         Event(round(disabled + rng.uniform(3, 6), 3), "model_enabled", {"model": DISABLED_MODEL, "enabled": True}),
         Event(round(rng.uniform(0.45, 0.55) * submit_s, 3), "price", {"model": LOWERED_MODEL,

@@ -42,6 +42,7 @@ AIMED_TRIES = 6  # set-ups of an aimed kill before it kills whatever it caught (
 TERMINAL = ("succeeded", "failed", "cancelled")
 # How long after a model is enabled again a process may still refuse it (MODELS_CACHE_S 1 s, and a second).
 CATALOG_LAG_S = 3.0
+MODELS_FILE_WRONG_S = 15.0
 
 
 @dataclass
@@ -295,8 +296,9 @@ class Storm:
         rows the admin's form writes, written to the storm's database)."""
         detail, now = event.detail, time.time()
         if event.kind == "models_file":
-            self.stack.write_models_file(valid=detail["valid"])
-            what = f"models file {'right' if detail['valid'] else 'wrong'}"
+            self.stack.write_models_file(valid=False)
+            threading.Thread(target=self._models_file_right_once_refused, daemon=True).start()
+            what = "models file wrong"
         elif event.kind == "model_enabled":
             with self.lock:  # said before it is written: a POST refused a moment later is one it explains
                 self.record.disabled.add(detail["model"])
@@ -316,6 +318,24 @@ class Storm:
             what = f"priced {detail['model']} at ${detail['per_unit']}"
         with self.lock:
             self.record.catalog.append((now, what))
+
+    def _models_file_right_once_refused(self) -> None:
+        """The wrong models file stays until a process has refused it (payonce_models_file_total, rejected:
+        each process reads the file again within MODELS_CACHE_S as it works), at most MODELS_FILE_WRONG_S;
+        then it is put right, as an operator would."""
+        deadline = time.time() + MODELS_FILE_WRONG_S
+        while time.time() < deadline:
+            try:
+                counted = [line for line in self.stack.metrics().splitlines()
+                           if line.startswith('payonce_models_file_total{outcome="rejected"}')]
+            except requests.RequestException:
+                counted = []  # the web process busy or PostgreSQL restarting: look again
+            if counted and float(counted[0].split()[-1]) > 0:
+                break
+            time.sleep(0.5)
+        self.stack.write_models_file(valid=True)
+        with self.lock:
+            self.record.catalog.append((time.time(), "models file right"))
 
     def _write(self, sql: str, params: list) -> None:
         """One statement on the storm's database, as the admin's save does, tried again while PostgreSQL is
