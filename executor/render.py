@@ -227,7 +227,7 @@ def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | N
     if attempt is None or attempt.state != AttemptState.RUNNING or not attempt.output_url:
         return None
     fields = record.end_fields(attempt, money=Money.SETTLE, fields={"state": AttemptState.SUCCEEDED})
-    result = {**record.accepted(attempt), "output_url": attempt.output_url,
+    result = {**record.accepted(attempt), **record.output_reference(attempt.output_url),
               "finished_at": fields["finished_at"].isoformat()}  # what record.finished says of it once ended
     work, work_params = update_sql(Attempt.objects.filter(id=attempt.id, state=AttemptState.RUNNING), fields)
     when = "EXISTS (SELECT 1 FROM work)"
@@ -405,7 +405,8 @@ def _answered_accepted(attempt: Attempt, submission, *, done) -> None:
     elif submission.status == "succeeded" and submission.output is not None:
         # The finished work came in the answer's body (a synchronous provider): it was paid for, and this
         # row is the one durable place it can be kept in the commit that records the acceptance. The
-        # output step copies it to the store like any other output URL (executor.services.media_store).
+        # wait step's result only names the row (record.output_reference); the store step reads the
+        # bytes from it, and they leave it once stored (executor.services.media_store, media_stored).
         fields["output_url"] = http.data_url(submission.output, submission.output_content_type)
     if done is not None:
         result = {**record.accepted(attempt), "upstream_id": submission.upstream_id}

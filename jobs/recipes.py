@@ -61,7 +61,11 @@ def store_output(ctx) -> dict:
 
 
 def finish(ctx) -> dict:
-    won = services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=ctx.result("store_output")["output"])
+    output = ctx.result("store_output")["output"]
+    # The store step's done mark commits with this step (jobs.runner defers a read's mark to the next
+    # transaction): the attempt lets go of its inline bytes in that same commit.
+    executor.media_stored(ctx.job, ctx.result("wait") or {}, output)
+    won = services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=output)
     return {"won": won}
 
 
