@@ -7,6 +7,8 @@ from django.utils import timezone
 # The names the attempt runner catches (executor.record.intend): each is a race it loses on purpose.
 ATTEMPT_NUMBER_CONSTRAINT = "attempt_job_number"
 ONE_OUT_PER_RUN_CONSTRAINT = "attempt_one_out_per_run"
+# What an attempt's output_url says once its inline bytes are in the store: `stored:<the job's output key>`.
+STORED_OUTPUT = "stored:"
 
 
 class AttemptState(models.TextChoices):
@@ -44,7 +46,9 @@ class Attempt(models.Model):
     # resend of the key refers to the same ones.
     uploaded_inputs = models.JSONField(null=True, blank=True)
     # Where the finished work is. Set while `running`, it came with the submit's answer (the provider
-    # answered with the finished work: nothing to poll for).
+    # answered with the finished work: nothing to poll for). Bytes a provider answered in its body are
+    # kept here as a `data:` URL (paid for: a crash before the store write must not lose them) until the
+    # store holds them; then only STORED_OUTPUT and the key (executor.services.media_stored).
     output_url = models.TextField(null=True, blank=True)
     # The model as the attempt went out with it (executor.registry.ModelSpec.snapshot: provider, kind,
     # content type, capabilities), written with its intent: it is waited on, cancelled, resolved and stored

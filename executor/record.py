@@ -23,8 +23,8 @@ from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
 from config.sql import violated_constraint
-from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, Attempt, AttemptState
-from executor.providers import ADAPTERS
+from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, STORED_OUTPUT, Attempt, AttemptState
+from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
 from jobs.outcomes import JobFailure, StepRetry
@@ -320,12 +320,24 @@ def accepted(attempt: Attempt) -> dict:
 
 
 def finished(attempt: Attempt, *, finished_at=None) -> dict:
-    """The wait step's result: the attempt that succeeded, where its output is, and what it made (its
-    content type, as the attempt's spec says: the model may have left the catalog since it went out)."""
+    """The wait step's result: the attempt that succeeded, where its output is (a reference, never the
+    bytes: output_reference), and what it made (its content type, as the attempt's spec says: the model
+    may have left the catalog since it went out)."""
     finished_at = finished_at or attempt.finished_at
-    return {**accepted(attempt), "output_url": attempt.output_url,
+    return {**accepted(attempt), **output_reference(attempt.output_url),
             "finished_at": finished_at.isoformat() if finished_at else None,
             "content_type": attempt_spec(attempt).content_type}
+
+
+def output_reference(output_url: str | None) -> dict:
+    """Where a step's result says an attempt's output is: the provider's URL, or only that the attempt's
+    row holds it. Never the bytes a provider answered in its body (a `data:` URL, executor.render.
+    _answered_accepted): the row is their one durable place until the store holds them, and a step's
+    result is kept for good. The store step reads them from the row (executor.services.media_store),
+    and once they are stored the row keeps the stored key instead (executor.services.media_stored)."""
+    if http.is_data_url(output_url) or (output_url or "").startswith(STORED_OUTPUT):
+        return {"output_url": None, "output_on_attempt": True}
+    return {"output_url": output_url}
 
 
 # --- the log -------------------------------------------------------------------------------------------------

@@ -407,7 +407,8 @@ def _answered_accepted(attempt: Attempt, submission, *, done) -> None:
     elif submission.status == "succeeded" and submission.output is not None:
         # The finished work came in the answer's body (a synchronous provider): it was paid for, and this
         # row is the one durable place it can be kept in the commit that records the acceptance. The
-        # output step copies it to the store like any other output URL (executor.services.media_store).
+        # wait step's result only names the row (record.output_reference); the store step reads the
+        # bytes from it, and they leave it once stored (executor.services.media_store, media_stored).
         fields["output_url"] = http.data_url(submission.output, submission.output_content_type)
     if done is not None:
         result = {**record.accepted(attempt), "upstream_id": submission.upstream_id}

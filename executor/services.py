@@ -10,7 +10,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from executor import record
-from executor.models import Attempt
+from executor.models import STORED_OUTPUT, Attempt
 from executor.providers import http, provider_for
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
@@ -103,17 +103,23 @@ def output_check(job) -> dict | None:
 
 
 def media_store(job, finished: dict) -> dict:
-    """Download the finished media and write it create-only under the job's output key, tagged with the
-    job, provider, model and attempt that made it. The attempt's own spec says what it made (the model may
-    have left the catalog since it went out)."""
+    """Download the finished media (or read the bytes a provider answered in its body from the attempt's
+    row) and write it create-only under the job's output key, tagged with the job, provider, model and
+    attempt that made it. The attempt's own spec says what it made (the model may have left the catalog
+    since it went out)."""
     provider_name, _, model = finished["model"].partition("/")
     content_type = finished.get("content_type") or _finished_spec(job, finished).content_type  # older results
-    carried = http.data_url_payload(finished["output_url"])
+    output_url = finished["output_url"]
+    if finished.get("output_on_attempt"):  # the bytes are on the attempt's row (record.output_reference)
+        output_url = _output_on_attempt(job, finished)
+        if output_url is None:
+            return _stored_before(job)
+    carried = http.data_url_payload(output_url)
     if carried is not None:  # the provider answered the bytes themselves, kept on the attempt (render)
         payload, content_type = carried
     else:
         try:
-            payload = provider_for(provider_name).fetch(finished["output_url"])
+            payload = provider_for(provider_name).fetch(output_url)
         except ProviderError as exc:
             raise StepRetry(f"download failed ({exc.kind}: {exc.message})") from exc
     metadata = {"written_by": str(job.id), "provider": provider_name, "model": model,
@@ -133,6 +139,42 @@ def _finished_spec(job, finished: dict):
     made = Attempt.objects.filter(job=job, number=finished["attempt"]).only(
         "provider", "model", "step", "spec").first()
     return record.attempt_spec(made) if made is not None else model_spec(finished["model"])
+
+
+# --- outputs live in the store, not the database (a synchronous provider's bytes) ------------------------
+
+
+def _output_on_attempt(job, finished: dict) -> str | None:
+    """The bytes a provider answered in its body, as the attempt's row keeps them (a `data:` URL). None
+    when the row no longer holds them: an earlier pass of the store step stored them (media_stored)."""
+    kept = Attempt.objects.filter(job_id=job.id, number=finished["attempt"]).values_list("output_url", flat=True)
+    url = kept.first()
+    return url if http.is_data_url(url) else None
+
+
+def _stored_before(job) -> dict:
+    """The attempt's bytes were cleared as stored: the store holds them, written by this job (read back as
+    the output check reads it: no provider call). Not there any more: nothing is left to store them from."""
+    stored = output_check(job)
+    if stored is None:
+        raise JobFailure("UPLOAD_FAILED", f"The output's bytes were cleared from its attempt as stored, but the "
+                                          f"store holds nothing complete at {job.output_key!r}.")
+    return stored
+
+
+def media_stored(job, finished: dict, output: dict) -> None:
+    """Once the store holds the output, the attempt's inline bytes (a synchronous provider's answer, kept
+    on its row until now) give way to the stored key: megabytes an image, otherwise kept for good.
+    Called in the transaction that marks the store step done (jobs.recipes.finish), so the row lets go of
+    the bytes in the commit after which the store step never runs again; conditional on the row still
+    holding them, so a second pass changes nothing (and a store step run again after that finds them in
+    the store: _stored_before). An output that came by URL (or was in the store before any provider was
+    called) kept nothing inline: no statement. A wait step's result written before results named the row
+    (`output_url` a `data:` URL) keeps its copy: it is read as it always was."""
+    if not (finished.get("output_on_attempt") or http.is_data_url(finished.get("output_url"))):
+        return
+    Attempt.objects.filter(job_id=job.id, number=finished["attempt"], output_url__startswith="data:").update(
+        output_url=f"{STORED_OUTPUT}{output['key']}")
 
 
 def reference_read(job, key: str) -> bytes:

@@ -61,7 +61,11 @@ def store_output(ctx) -> dict:
 
 
 def finish(ctx) -> dict:
-    won = services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=ctx.result("store_output")["output"])
+    output = ctx.result("store_output")["output"]
+    # The store step's done mark commits with this step (jobs.runner defers a read's mark to the next
+    # transaction): the attempt lets go of its inline bytes in that same commit.
+    executor.media_stored(ctx.job, ctx.result("wait") or {}, output)
+    won = services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=output)
     return {"won": won}
 
 
@@ -114,7 +118,7 @@ def synthesis(ctx) -> dict:
     report = reports.report_of(ctx.job.id)
     if report.synthesis is None:
         answer = llm.llm_call(ctx.job, step="synthesis", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
-                              messages=reports.synthesis_messages(report),
+                              messages=reports.synthesis_messages(report, client_id=ctx.job.client_id),
                               max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
         if not answer["text"].strip():
             raise JobFailure("CHAPTER_FAILED", "The synthesis came back empty.", chapters=["synthesis"])
@@ -128,8 +132,9 @@ def preflight(ctx) -> dict:
     report = reports.report_of(ctx.job.id)
     left = reports.chapters_left(report)
     if left and not billing.fanout_reserve(client_id=ctx.job.client_id, job_id=ctx.job.id, key=_pool(ctx),
-                                           units=len(left), unit_worst_case=reports.chapter_worst_case(report, _model(ctx)),
-                                           guard=ctx.job.NOT_CANCELLED_SQL):
+                                           units=len(left), guard=ctx.job.NOT_CANCELLED_SQL,
+                                           unit_worst_case=reports.chapter_worst_case(
+                                               report, _model(ctx), client_id=ctx.job.client_id)):
         raise JobFailure("BUDGET_EXCEEDED", f"The worst case of {len(left)} chapters does not fit under this "
                          "month's budget; no chapter was started.", chapters=left)
     return {"chapters_left": left}
@@ -147,7 +152,7 @@ def warmup_chapter(ctx, pending: list[str]) -> str | None:
     if not (settings.REPORT_PROMPT_CACHE and settings.REPORT_CACHE_WARMUP):
         return None
     report = reports.report_of(ctx.job.id)
-    if reports.shared_prefix_tokens(report) < reports.CACHE_MIN_TOKENS:
+    if reports.shared_prefix_tokens(report, client_id=ctx.job.client_id) < reports.CACHE_MIN_TOKENS:
         return None
     left = reports.chapters_left(report)
     to_write = [key for key in pending if key in left]
@@ -163,7 +168,7 @@ def write_chapter(ctx, key: str) -> dict:
         return {"key": key, "kept": True}
     try:
         answer = llm.llm_call(ctx.job, step=f"chapter-{key}", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
-                              messages=reports.chapter_messages(report, key),
+                              messages=reports.chapter_messages(report, key, client_id=ctx.job.client_id),
                               max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS, pool=_pool(ctx))
     except JobFailure as failure:
         reports.chapter_fail(report=report, key=key, error=f"{failure.code}: {failure.message}")

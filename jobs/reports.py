@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, get_connection
+from django.utils.crypto import salted_hmac
 from django.db import transaction
 from django.utils import timezone
 
@@ -73,9 +74,40 @@ def _subject_text(report: Report) -> str:
     return json.dumps(report.subject or {}, sort_keys=True, ensure_ascii=False)
 
 
-def synthesis_messages(report: Report) -> list[dict]:
-    return [{"role": "user", "content": f"Subject:\n{_subject_text(report)}\n\nWrite the synthesis: the few "
-                                        "paragraphs every chapter of the report builds on."}]
+# A cached prefix is one client's. A provider's prompt cache is per organisation, and payonce is one
+# organisation: two clients sending the same subject would share one cache entry, so the second would
+# read (and its usage show: cache_read_tokens) what the first wrote, learning that someone sent that
+# exact, personal, subject lately; and the first would have paid the write. So every prompt of a report
+# starts, right after the system prompt, with a line only that client's requests carry: its scope tag.
+# - What it is: an HMAC of the client's id under SECRET_KEY (Django's salted_hmac), 32 hex characters
+#   (128 bits). Another client cannot guess it (it never sees the key, nor another's tag); the sandbox and
+#   the providers see only an opaque string, never the client's id.
+# - Stable: it depends on nothing but the client and the key, so every chapter of a report, in every run
+#   and after every resume, sends the same prefix byte for byte, and reads the cache its earlier chapters
+#   wrote. (Rotating SECRET_KEY changes every tag: each client's next chapter writes the cache once more.
+#   It costs one write, never a wrong answer.)
+# - Where: first in the marked block, before the subject. A cache key covers the prompt up to the
+#   breakpoint (Anthropic's, the sandbox's), and OpenAI matches the longest cached prefix on its own
+#   (no mark needed, from 1,024 tokens): what two clients' prompts then share is the system prompt
+#   alone, far under any provider's minimum. The synthesis starts with it too, for that second reason:
+#   it has no mark, but its prompt carries the same subject.
+# - Fixed length: the worst case of a call counts the prompt's bytes, so it is the same for every client.
+SCOPE_TAG_SALT = "payonce.report-prompt-scope"
+SCOPE_TAG_CHARS = 32
+
+
+def scope_tag(client_id) -> str:
+    """The client's opaque prompt-cache scope (see above): stable, and unguessable by anyone else."""
+    return salted_hmac(SCOPE_TAG_SALT, str(client_id), algorithm="sha256").hexdigest()[:SCOPE_TAG_CHARS]
+
+
+def _scope_line(client_id) -> str:
+    return f"Scope: {scope_tag(client_id)}\n\n"
+
+
+def synthesis_messages(report: Report, *, client_id) -> list[dict]:
+    return [{"role": "user", "content": f"{_scope_line(client_id)}Subject:\n{_subject_text(report)}\n\nWrite the "
+                                        "synthesis: the few paragraphs every chapter of the report builds on."}]
 
 
 # Providers cache no prefix shorter than this (Anthropic: 1,024 tokens for most models; OpenAI: 1,024):
@@ -83,18 +115,19 @@ def synthesis_messages(report: Report) -> list[dict]:
 CACHE_MIN_TOKENS = 1024
 
 
-def shared_prefix_tokens(report: Report) -> int:
+def shared_prefix_tokens(report: Report, *, client_id) -> int:
     """About how many tokens the chapters' shared prefix is (four characters a token): whether a
     provider would cache it at all."""
-    return (len(SYSTEM_PROMPT) + len(chapter_messages(report, "")[0]["content"][0]["text"])) // 4
+    return (len(SYSTEM_PROMPT) + len(chapter_messages(report, "", client_id=client_id)[0]["content"][0]["text"])) // 4
 
 
-def chapter_messages(report: Report, key: str) -> list[dict]:
+def chapter_messages(report: Report, key: str, *, client_id) -> list[dict]:
     """What every chapter shares comes first, in one block marked as a cache breakpoint (with the system
-    prompt before it, the provider's cached prefix): the subject and the synthesis. The chapter's own
-    instruction follows it, so the prefix is byte for byte the same in every chapter of the report, and in
-    every run of it."""
-    shared = {"type": "text", "text": f"Subject:\n{_subject_text(report)}\n\nSynthesis:\n{report.synthesis}\n\n"}
+    prompt before it, the provider's cached prefix): the client's scope line, the subject and the
+    synthesis. The chapter's own instruction follows it, so the prefix is byte for byte the same in every
+    chapter of the report, and in every run of it, and no other client's prompt ever has it."""
+    shared = {"type": "text", "text": f"{_scope_line(client_id)}Subject:\n{_subject_text(report)}\n\n"
+                                      f"Synthesis:\n{report.synthesis}\n\n"}
     if settings.REPORT_PROMPT_CACHE:
         shared["cache_control"] = {"type": "ephemeral"}
     return [{"role": "user", "content": [shared, {"type": "text", "text": f"Write the chapter \"{key}\" of the report."}]}]
@@ -103,31 +136,31 @@ def chapter_messages(report: Report, key: str) -> list[dict]:
 # --- what a run may cost ----------------------------------------------------------------------------------
 
 
-def synthesis_worst_case(report: Report, model: str) -> Decimal:
+def synthesis_worst_case(report: Report, model: str, *, client_id) -> Decimal:
     """The most the synthesis call can cost."""
-    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=synthesis_messages(report),
+    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=synthesis_messages(report, client_id=client_id),
                           max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
 
 
-def chapter_worst_case(report: Report, model: str) -> Decimal:
+def chapter_worst_case(report: Report, model: str, *, client_id) -> Decimal:
     """The most one chapter call can cost: the prompt of the chapter with the longest key."""
     longest = max(report.chapter_keys, key=len)
-    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=chapter_messages(report, longest),
+    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=chapter_messages(report, longest, client_id=client_id),
                           max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS)
 
 
-def run_worst_case(report: Report, model: str, *, chapters_left: int) -> Decimal:
+def run_worst_case(report: Report, model: str, *, chapters_left: int, client_id) -> Decimal:
     """The most a run of this report may still reserve (and so pay), every call at its worst case: the
     synthesis if it is not written, and each chapter not written (written ones are read back for free).
     The chapters of a synthesis not written yet read one bounded by its whole max_tokens, each token as
     long as the longest UTF-8 character."""
     total = Decimal("0.000000")
     if report.synthesis is None:
-        total += synthesis_worst_case(report, model)
+        total += synthesis_worst_case(report, model, client_id=client_id)
         report = copy.copy(report)
         report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
     if chapters_left:
-        total += chapter_worst_case(report, model) * chapters_left
+        total += chapter_worst_case(report, model, client_id=client_id) * chapters_left
     return total
 
 

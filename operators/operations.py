@@ -211,8 +211,8 @@ def retry_worst_cases(jobs: QuerySet) -> Decimal:
             .annotate(left=Coalesce(Subquery(left), 0), first_model=KeyTextTransform("0", "model_chain"),
                       orphan_input=Case(When(report__isnull=True, then=F("input")), output_field=JSONField()))
             .values_list("report__job_id", "report__subject", "report__chapter_keys", "report__synthesis", "left",
-                         "first_model", "orphan_input"))
-    for has_row, subject, chapter_keys, synthesis, chapters_left, model, orphan_input in rows.iterator(
+                         "first_model", "orphan_input", "client_id"))
+    for has_row, subject, chapter_keys, synthesis, chapters_left, model, orphan_input, client_id in rows.iterator(
             chunk_size=4 * CHUNK):
         if has_row is None:
             orphan_input = orphan_input or {}
@@ -220,7 +220,7 @@ def retry_worst_cases(jobs: QuerySet) -> Decimal:
             chapters_left = len(chapter_keys)
         # Only what the prompts are made of: a model instance per row would cost more than its pricing.
         report = SimpleNamespace(subject=subject, chapter_keys=chapter_keys, synthesis=synthesis)
-        total += reports.run_worst_case(report, model, chapters_left=chapters_left)
+        total += reports.run_worst_case(report, model, chapters_left=chapters_left, client_id=client_id)
     return total
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from django.db.models import Count
+from django.db.models import Case, Count, F, TextField, Value, When
 from django.utils import timezone
 
 from billing.models import Reservation
-from executor.models import Attempt
+from executor.models import STORED_OUTPUT, Attempt
 from executor.selectors import RunAttempts, attempts_by_run
 from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter, Step, StepStatus
 from jobs.reports import report_link
@@ -45,7 +45,8 @@ def job_timeline(job: Job, *, output_url: str = "", limit: int | None = SHOWN) -
         entries.append(Entry(job.started_at, "job", f"run {job.run} started", "info", run=job.run))
     reads = Reads(limit)
     entries += _steps(job, reads)
-    attempts = reads.newest(Attempt.objects.filter(job_id=job.id).defer("request", "answer"), "-number")
+    attempts = reads.newest(Attempt.objects.filter(job_id=job.id).defer("request", "answer", "output_url")
+                            .annotate(output_shown=_OUTPUT_SHOWN), "-number")
     entries += _attempts(attempts)
     entries += _reservations(job, attempts, reads)
     if job.output and job.completed_at:
@@ -103,6 +104,20 @@ def _steps(job: Job, reads: Reads) -> list[Entry]:
     return entries
 
 
+# Where an attempt's output is, as the page says it: bytes a provider answered in the body, held on the
+# row until the store has them (a `data:` URL, megabytes), are said to be there, never read for the page.
+_OUTPUT_SHOWN = Case(When(output_url__startswith="data:", then=Value("data:")), default=F("output_url"),
+                     output_field=TextField())
+
+
+def _output_fact(shown: str) -> str:
+    if shown == "data:":
+        return "answered in the body, held on this attempt until the store has it"
+    if shown.startswith(STORED_OUTPUT):
+        return f"answered in the body, now in the store at {shown.removeprefix(STORED_OUTPUT)}"
+    return shown  # the provider's URL
+
+
 def _attempts(rows: list[Attempt]) -> list[Entry]:
     entries = []
     for attempt in rows:
@@ -121,6 +136,8 @@ def _attempts(rows: list[Attempt]) -> list[Entry]:
                      ("cost", "unpriced" if attempt.cost_usd is None else f"${attempt.cost_usd}"),
                      ("cost source", attempt.cost_source or "—"), ("duration", f"{attempt.duration_ms} ms"
                                                                    if attempt.duration_ms is not None else "—")]
+            if attempt.output_shown:
+                facts.append(("output", _output_fact(attempt.output_shown)))
             entries.append(Entry(ended or attempt.created_at, "attempt", f"{head}: {attempt.state}",
                                  _STATE.get(attempt.state, "info"), facts, text=attempt.error or "", run=attempt.run))
         elif attempt.submitted_at:

@@ -97,9 +97,13 @@ def data_url(payload: bytes, content_type: str | None) -> str:
     return f"data:{content_type or 'application/octet-stream'};base64,{base64.b64encode(payload).decode()}"
 
 
+def is_data_url(url: str | None) -> bool:
+    return url is not None and url.startswith("data:")
+
+
 def data_url_payload(url: str) -> tuple[bytes, str] | None:
     """(bytes, content type) of a `data:` URL made by data_url; None for any other URL."""
-    if not url.startswith("data:"):
+    if not is_data_url(url):
         return None
     head, _, encoded = url[5:].partition(",")
     content_type, _, encoding = head.partition(";")

@@ -4,7 +4,7 @@ step's done mark, a finished render's end with its settle and the wait step's do
 rule, and this is its test. Whoever "simplifies" one of those statements into two learns why here.
 
 Counted in this process, over the code the worker runs (the stages called as their tasks call them),
-against the real database and the sandbox over HTTP: every statement Django sends (BEGIN and COMMIT
+against the real database and the sandbox (or a provider's replayed answer) over HTTP: every statement Django sends (BEGIN and COMMIT
 included), and every write commit (a transaction that wrote: an autocommit write, or a BEGIN ... COMMIT
 with a write inside). bench/e2e_throughput.py measures the same figures over thousands of jobs.
 """
@@ -20,7 +20,9 @@ from jobs import outcomes, runner, services
 from jobs.models import Client, ClientAPIKey, JobStatus
 from jobs.serializers import JobCreateSerializer
 from tests.conftest import HOOK_URL
+from tests.executor.test_openai_images import PATH as OPENAI_IMAGES_PATH
 from tests.support.books import assert_books_balance
+from tests.support.replay_server import ReplayServer
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -61,11 +63,12 @@ def test_write_commits_counts_autocommit_writes_and_blocks_that_wrote():
                           "BEGIN", "SELECT updated_at FROM t", "COMMIT", "BEGIN", "INSERT INTO t", "ROLLBACK"]) == 1
 
 
-def media_job_statements(credentials: dict, key: str) -> list[str]:
+def media_job_statements(credentials: dict, key: str, *, models=("sandbox/video-keyed",),
+                         input=None) -> list[str]:
     """What one media job costs from POST to its end: the API's two statements (the key with its client,
     the insert), then every stage as the worker runs it, inline until one would wait."""
-    serializer = JobCreateSerializer(data={"kind": "media", "models": ["sandbox/video-keyed"],
-                                           "input": {"prompt": "budget", "render_s": 0}})
+    serializer = JobCreateSerializer(data={"kind": "media", "models": list(models),
+                                           "input": input or {"prompt": "budget", "render_s": 0}})
     serializer.is_valid(raise_exception=True)
     prefix = credentials["api_key"].partition(".")[0]
     with CaptureQueriesContext(connection) as captured:
@@ -105,6 +108,32 @@ def test_a_media_job_costs_six_write_commits_and_sixteen_statements(ledger):
 
     assert (write_commits(statements), len(statements)) == (6, 16), "\n".join(statements)
     assert len(assert_books_balance(ledger)) == 2  # one charge per job, each its attempt's
+
+
+def test_an_image_answered_in_the_body_costs_six_write_commits_too(settings):
+    """A synchronous provider answers the finished bytes (OpenAI's images, here a local server replaying its
+    answer): the same six commits. The bytes stay on the attempt's row (the wait step's result names the
+    row) until the store holds them, and leave it in the commit that marks the store step done: one
+    statement more in a commit there is anyway (issue 37, finding 7: outputs live in the store), and
+    one read of the row, where the bytes were once copied into the step's result instead.
+
+    | # | statement | commit |
+    | ---: | --- | :---: |
+    | 1-11 | as a render finished at submit (above) | 1-5 |
+    | 12 | the bytes, read from the attempt's row for the store | |
+    | 13-18 | BEGIN; the attempt's bytes replaced by the stored key (only while it holds them); the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
+    """
+    with ReplayServer() as openai:
+        settings.REAL_PROVIDERS, settings.OPENAI_API_KEY = True, "sk-proj-test-key"
+        settings.OPENAI_BASE_URL = openai.url + "/v1"
+        openai.script("POST", OPENAI_IMAGES_PATH, "openai/images_generation", "openai/images_generation")
+        credentials = services.client_create(name="budget", webhook_url=HOOK_URL)
+        image = {"models": ["openai-images/gpt-image-1"], "input": {"prompt": "budget"}}
+        media_job_statements(credentials, "warm-up", **image)
+        statements = media_job_statements(credentials, "counted", **image)
+
+    assert (write_commits(statements), len(statements)) == (6, 18), "\n".join(statements)
+    assert len(openai.requests) == 2 and not openai.unexpected
 
 
 def chapter_statements(credentials: dict, key: str) -> list[str]:

@@ -1,8 +1,9 @@
 """Reports that cost less (docs/design.md, "Reports and orders"): every chapter's prompt starts with the
-same prefix (the system prompt, the subject, the synthesis) marked as a cache breakpoint, and the first
-chapter left goes out alone to write it, so the others read it at a tenth of the input price. On real
-processes: the worker as the Procfile starts it and the sandbox, which caches like a provider. The
-sandbox's ledger stays the ground truth: every derived cost equals its charge."""
+same prefix (the system prompt, the client's scope line, the subject, the synthesis) marked as a cache
+breakpoint, and the first chapter left goes out alone to write it, so the others read it at a tenth of
+the input price. The prefix is one client's: another client sending the same subject reads nothing the
+first wrote. On real processes: the worker as the Procfile starts it and the sandbox, which caches like
+a provider. The sandbox's ledger stays the ground truth: every derived cost equals its charge."""
 
 import time
 from decimal import Decimal
@@ -10,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from executor.models import Attempt
+from jobs.reports import scope_tag
 from tests.jobs.test_reports import CHAPTERS, SUBJECT, llm_calls, report_body, wait_ended
 from tests.support.books import assert_books_balance
 
@@ -31,6 +33,12 @@ def cached(attempt: Attempt) -> tuple[int, int]:
     return usage.get("cache_write_tokens", 0), usage.get("cache_read_tokens", 0)
 
 
+def marked_block(attempt: Attempt) -> str:
+    """The text of the block the chapter's prompt marked as its cache breakpoint, as it was sent."""
+    [marked] = [block for block in attempt.request["messages"][0]["content"] if "cache_control" in block]
+    return marked["text"]
+
+
 def test_an_eight_chapter_report_writes_the_prefix_once_and_reads_it_seven_times(report_worker, ledger, api, mailbox):
     created = api.create(report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"}),
                          key="cached-report")
@@ -50,6 +58,8 @@ def test_an_eight_chapter_report_writes_the_prefix_once_and_reads_it_seven_times
     assert prefix >= 1024 and all(cached(a) == (0, prefix) for a in reads)  # the same prefix, byte for byte
     synthesis = Attempt.objects.get(job_id=job["id"], step="synthesis")
     assert cached(synthesis) == (0, 0)  # its prompt has no breakpoint
+    [block] = {marked_block(a) for a in chapters}  # one prefix, byte for byte, and it starts with the client's tag
+    assert block.startswith(f"Scope: {scope_tag(api.client_id)}\n\nSubject:\n")
 
     # The strict books: each call's derived cost (its usage at the rate card) equals the ledger's charge.
     charges = assert_books_balance(ledger)
@@ -83,6 +93,7 @@ def test_a_resume_reads_the_prefix_while_it_is_still_cached(report_worker, ledge
     [resumed] = chapter_attempts(job_id, run=2)
     assert resumed.step == f"chapter-{missing}"
     assert cached(resumed)[0] == 0 and cached(resumed)[1] >= 1024  # read: the cache was still warm
+    assert {marked_block(a) for a in chapter_attempts(job_id, run=1)} == {marked_block(resumed)}  # across runs
     assert len(assert_books_balance(ledger)) == 9
 
 
@@ -107,3 +118,34 @@ def test_a_prefix_under_the_minimum_is_never_cached(report_worker, ledger, api, 
     marked = chapters[0].request["messages"][0]["content"][0]
     assert marked["cache_control"] == {"type": "ephemeral"}  # it was marked; the sandbox did not cache it
     assert len(assert_books_balance(ledger)) == 9
+
+
+def test_the_same_subject_from_another_client_reads_nothing_the_first_wrote(report_worker, ledger, make_api, mailbox):
+    """Issue 37, finding 6: a provider's cache is per organisation, and payonce is one. Two clients send the
+    same (personal) subject, one after the other, well inside the cache's lifetime: the second's chapters
+    write a prefix of their own (its usage never shows that someone sent that subject lately, and the
+    first never pays for its reads), and each client's chapters still read their own cache."""
+    first, second = make_api("first"), make_api("second")
+    body = report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"})
+    jobs = {}
+    for client in (first, second):
+        created = client.create(body, key="same-subject")
+        assert created.status_code == 201, created.content
+        jobs[client.client_id] = wait_ended(client, created.json()["id"])
+        assert jobs[client.client_id]["status"] == "succeeded", jobs[client.client_id]
+
+    prefixes = {}
+    for client in (first, second):
+        chapters = chapter_attempts(jobs[client.client_id]["id"])
+        [lead, *rest] = chapters
+        assert lead.step == f"chapter-{CHAPTERS[0]}" and len(rest) == 7
+        written, read = cached(lead)
+        assert read == 0 and written >= 1024, (client.client_id, lead.usage)  # nothing of the other's read
+        assert all(cached(a) == (0, written) for a in rest), [(a.step, a.usage) for a in rest]  # its own, read
+        [prefixes[client.client_id]] = {marked_block(a) for a in chapters}
+        assert prefixes[client.client_id].startswith(f"Scope: {scope_tag(client.client_id)}\n\n")
+    assert prefixes[first.client_id] != prefixes[second.client_id]
+
+    charges = assert_books_balance(ledger)  # every charge its attempt's, at the usage it reported
+    assert len(charges) == 18 and len(llm_calls(ledger)) == 18
+    assert len(mailbox.wait_for(2)) == 2

@@ -111,6 +111,27 @@ def test_the_job_page_links_the_output(admin_client, jobs):
     assert "jobs@h1" in page  # the step's lease holder
 
 
+def test_the_timeline_says_where_an_attempts_output_is_and_never_shows_inline_bytes(admin_client, jobs):
+    # An image answered in the body is held on its attempt (a data: URL, megabytes) until the store has it,
+    # then only the key stays (issue 37, finding 7); a provider's URL is shown as it is.
+    done = jobs["done"]
+    attempt(done, 2, state=AttemptState.SUCCEEDED, output_url="data:image/png;base64," + "A" * 400_000)
+    attempt(done, 3, state=AttemptState.SUCCEEDED, output_url="stored:out/x.png")
+    attempt(done, 4, state=AttemptState.SUCCEEDED, output_url="https://media.example.com/x.mp4")
+    response = admin_client.get(f"/admin/jobs/job/{done.id}/change/")
+    assert response.status_code == 200
+    outputs = {entry.title.split(":")[0]: dict(entry.facts).get("output") for entry in response.context["entries"]
+               if entry.kind == "attempt" and entry.title.endswith("succeeded")}
+    assert outputs == {
+        "attempt 1 (sandbox/video-keyed, step submit, run 1)": None,  # no output on its row: nothing said
+        "attempt 2 (sandbox/video-keyed, step submit, run 1)": "answered in the body, held on this attempt until "
+                                                               "the store has it",
+        "attempt 3 (sandbox/video-keyed, step submit, run 1)": "answered in the body, now in the store at out/x.png",
+        "attempt 4 (sandbox/video-keyed, step submit, run 1)": "https://media.example.com/x.mp4",
+    }
+    assert "A" * 1000 not in response.content.decode()
+
+
 def test_a_bulk_cancel_over_a_filter_previews_needs_a_reason_and_writes_one_audit_row(admin_client, jobs):
     url = f"/admin/jobs/job/bulk/cancel/?client__id__exact={jobs['queued'].client_id}"
     preview = admin_client.get(url)
