@@ -132,7 +132,7 @@ def preflight(ctx) -> dict:
     report = reports.report_of(ctx.job.id)
     left = reports.chapters_left(report)
     if left and not billing.fanout_reserve(client_id=ctx.job.client_id, job_id=ctx.job.id, key=_pool(ctx),
-                                           units=len(left), guard=ctx.job.NOT_CANCELLED_SQL,
+                                           units=len(left), guard=ctx.job.NOT_CANCELLED_SQL, model=_model(ctx),
                                            unit_worst_case=reports.chapter_worst_case(
                                                report, _model(ctx), client_id=ctx.job.client_id)):
         raise JobFailure("BUDGET_EXCEEDED", f"The worst case of {len(left)} chapters does not fit under this "

@@ -467,6 +467,7 @@ def check_catalog(storm, result: Result) -> None:
     processes that read it and the right one loaded again (their counters, on /metrics); the lowered
     price drifted (its row is there) and the model's reservations then took the floor (drift_margins)."""
     from tests.chaos.plan import LOWERED_MODEL
+    from tests.chaos.storm import MODELS_FILE_WRONG_S
 
     with pg(storm.stack.local_database_url) as conn:
         drift = conn.execute("SELECT first_seen_at, reserved_usd, highest_cost_usd, drifts FROM billing_pricedrift"
@@ -475,13 +476,11 @@ def check_catalog(storm, result: Result) -> None:
         result.fail(f"the storm priced {LOWERED_MODEL} below what the sandbox charges, and no drift was seen")
     else:
         result.figures["drift"] = (round(drift[0].timestamp() - storm.t0, 1), drift[1], drift[2], drift[3])
-    counted = {}
-    for line in storm.stack.metrics().splitlines():
-        if line.startswith("payonce_models_file_total{"):
-            counted[line.split('outcome="')[1].split('"')[0]] = float(line.split()[-1])
-    if counted and not (counted.get("rejected") and counted.get("loaded")):
-        result.fail(f"the models file written wrong, then right: payonce_models_file_total says {counted}")
-    result.figures["models file"] = counted or "not counted (no metrics Redis)"
+    refused = storm.record.models_file_refused
+    if refused is not None and not refused:
+        result.fail(f"the models file was written wrong and no process refused it within {MODELS_FILE_WRONG_S} s")
+    result.figures["models file"] = (f"refused by {refused:g} processes before it was put right" if refused
+                                     else "not counted (no metrics Redis)" if refused is None else "never refused")
     result.figures["catalog"] = [f"{round(t - storm.t0, 1)} s {what}" for t, what in storm.record.catalog]
 
 
@@ -545,7 +544,7 @@ def summary(storm, final: dict, ledger: dict, result: Result) -> str:
         + (f" (first: {record.server_errors[0]})" if record.server_errors else ""),
         "jobs by end state: " + ", ".join(f"{k} {v}" for k, v in sorted(f["end states"].items())),
         f"lost {f['lost']}  stuck {f['stuck']}  refused at submit, model disabled {f['refused, model disabled']}",
-        "operators: " + "; ".join(f["catalog"]) + f"; models file counted {f['models file']}",
+        "operators: " + "; ".join(f["catalog"]) + f"; the wrong models file: {f['models file']}",
         "price drift: " + (f"first seen at {f['drift'][0]} s, reserved {f['drift'][1]}, "
                            f"highest cost {f['drift'][2]}, {f['drift'][3]} settles over" if f.get("drift") else "none")
         + f"; {f['drift in flight']} attempts in flight at it; margin over the cap: "

@@ -69,6 +69,7 @@ class Record:
     enabled_again: dict = field(default_factory=dict)  # model -> when the storm enabled it again
     refused_disabled: dict = field(default_factory=dict)  # key -> the disabled model its POST was refused for
     catalog: list = field(default_factory=list)  # (t, what) the storm changed in the catalog and the prices
+    models_file_refused: float | None = None  # processes that refused the wrong models file (None: not counted)
 
 
 class Storm:
@@ -323,18 +324,19 @@ class Storm:
         """The wrong models file stays until a process has refused it (payonce_models_file_total, rejected:
         each process reads the file again within MODELS_CACHE_S as it works), at most MODELS_FILE_WRONG_S;
         then it is put right, as an operator would."""
-        deadline = time.time() + MODELS_FILE_WRONG_S
-        while time.time() < deadline:
+        deadline, refused = time.time() + MODELS_FILE_WRONG_S, None
+        while time.time() < deadline and not refused:
             try:
                 counted = [line for line in self.stack.metrics().splitlines()
                            if line.startswith('payonce_models_file_total{outcome="rejected"}')]
             except requests.RequestException:
                 counted = []  # the web process busy or PostgreSQL restarting: look again
-            if counted and float(counted[0].split()[-1]) > 0:
-                break
+            if counted:
+                refused = float(counted[0].split()[-1])
             time.sleep(0.5)
         self.stack.write_models_file(valid=True)
-        with self.lock:
+        with self.lock:  # what /metrics said then (the broker flush may empty the counters later)
+            self.record.models_file_refused = refused
             self.record.catalog.append((time.time(), "models file right"))
 
     def _write(self, sql: str, params: list) -> None:
@@ -443,11 +445,22 @@ class Storm:
         self.record.kills[f"workers, aimed: {aim}"] += 1
 
     def _start(self, names: list[str]) -> None:
-        """Start the processes that are down (another hand may have started one already)."""
+        """Start the processes that are down (another hand may have started one already). A process started
+        while the models file is wrong refuses to start, naming the problem (it has no good file in memory
+        to keep, as a running one has): started again, as a supervisor does, until the file is put right;
+        any other failure to start fails the storm."""
         with self.procs_lock:
             for name in names:
-                if not self.stack.procs[name].alive:
-                    self.stack.procs[name].start()
+                deadline = time.monotonic() + MODELS_FILE_WRONG_S + 10
+                while not self.stack.procs[name].alive:
+                    try:
+                        self.stack.procs[name].start()
+                    except RuntimeError as exc:
+                        if "MODELS_FILE" not in str(exc) or time.monotonic() > deadline:
+                            raise
+                        with self.lock:
+                            self.record.kills["starts refused: the models file was wrong"] += 1
+                        time.sleep(0.5)
 
     def _in_flight_submits(self) -> int:
         with checks.pg(self.stack.local_database_url) as conn:
