@@ -71,6 +71,20 @@ def confirm_or_act(model_admin, request, *, act, preview, back: str, done_url: s
     return confirm_page(request, model_admin.admin_site, preview=preview(), back_url=back, reason_error=error, **page)
 
 
+class RecordAdmin:
+    """A record that is read, never written, in the admin (an audit row, a price drift): no add, no change,
+    no delete. Mixed in before admin.ModelAdmin."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 def refuse_unheld_action(model_admin, request) -> None:
     """A list action posted by a user who does not hold its permission is a 403, not Django's silent list
     page ("no action selected"): nothing is acted either way, and this answer says why."""

@@ -207,7 +207,7 @@ def drift_words(drift: PriceDrift | None, *, short: bool = False) -> str:
 
 
 @admin.register(PriceDrift)
-class PriceDriftAdmin(admin.ModelAdmin):
+class PriceDriftAdmin(adminkit.RecordAdmin, admin.ModelAdmin):
     """Models whose attempts settled above their reservation (billing.models.PriceDrift): read-only rows,
     written by the settles themselves; an operator with billing.change_modelprice clears one (audited)
     once the price is right."""
@@ -222,15 +222,6 @@ class PriceDriftAdmin(admin.ModelAdmin):
     @admin.display(description="holds", boolean=True)
     def live(self, drift: PriceDrift) -> bool:
         return drift.holds
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_clear_permission(self, request):
         return self.has_view_permission(request) and request.user.has_perm(PRICE_PERMISSION)

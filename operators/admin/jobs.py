@@ -364,7 +364,7 @@ def _applies(action, job) -> bool:
 
 
 @admin.register(OperatorAction)
-class OperatorActionAdmin(admin.ModelAdmin):
+class OperatorActionAdmin(adminkit.RecordAdmin, admin.ModelAdmin):
     """The audit trail of operator actions: read only, never deleted."""
 
     list_display = ("started_at", "who", "via", "action", "target", "matched", "acted", "reason", "finished_at")
@@ -373,15 +373,6 @@ class OperatorActionAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in OperatorAction._meta.fields]
     paginator = CappedPaginator
     show_full_result_count = False
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Client)

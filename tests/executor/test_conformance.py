@@ -292,6 +292,18 @@ class SandboxHarness:
         return self.process.ledger()["charges"]
 
 
+def point_real_providers_at(settings, url: str) -> None:
+    """Every real adapter's base URL at `url` (a ReplayServer), each with a key."""
+    settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
+    settings.ANTHROPIC_BASE_URL = url
+    settings.OPENAI_API_KEY = "sk-proj-test-key"
+    settings.OPENAI_BASE_URL = url + "/v1"
+    settings.REPLICATE_API_TOKEN = "r8_test_token"
+    settings.REPLICATE_BASE_URL = url
+    settings.FAL_KEY = "fal-key-id:fal-key-secret"
+    settings.FAL_BASE_URL = url
+
+
 @pytest.fixture
 def harness(profile, settings, request):
     settings.PROVIDER_CALLBACK_BASE_URL = "off"  # a case that wants callbacks turns them on
@@ -302,14 +314,7 @@ def harness(profile, settings, request):
         return
     with ReplayServer() as server:
         settings.REAL_PROVIDERS = True
-        settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
-        settings.ANTHROPIC_BASE_URL = server.url
-        settings.OPENAI_API_KEY = "sk-proj-test-key"
-        settings.OPENAI_BASE_URL = server.url + "/v1"
-        settings.REPLICATE_API_TOKEN = "r8_test_token"
-        settings.REPLICATE_BASE_URL = server.url
-        settings.FAL_KEY = "fal-key-id:fal-key-secret"
-        settings.FAL_BASE_URL = server.url
+        point_real_providers_at(settings, server.url)
         fal_webhooks._jwks_cache.clear()
         yield ReplayHarness(server, settings)
         fal_webhooks._jwks_cache.clear()
@@ -974,14 +979,7 @@ def wire(profile, settings):
         # server only while they are on.
         settings.REAL_PROVIDERS = profile.backend != "sandbox"
         settings.SANDBOX_URL = server.url
-        settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
-        settings.ANTHROPIC_BASE_URL = server.url
-        settings.OPENAI_API_KEY = "sk-proj-test-key"
-        settings.OPENAI_BASE_URL = server.url + "/v1"
-        settings.REPLICATE_API_TOKEN = "r8_test_token"
-        settings.REPLICATE_BASE_URL = server.url
-        settings.FAL_KEY = "fal-key-id:fal-key-secret"
-        settings.FAL_BASE_URL = server.url
+        point_real_providers_at(settings, server.url)
         settings.PROVIDER_CALLBACK_BASE_URL = CALLBACK_BASE
         settings.SANDBOX_CALLBACK_SECRET = whsec(b"sandbox callbacks")
         settings.REPLICATE_WEBHOOK_SECRET = whsec(b"replicate webhook secret")

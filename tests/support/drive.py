@@ -1,6 +1,6 @@
 """The job engine driven in this process, as its tasks would drive it: the real runner, the real database and
-the sandbox over HTTP, with no worker and no broker (STYLE.md's pyramid: an engine or money rule runs the real
-runner in process). A job row is written as the API writes one, and its stages are run in order, each
+the sandbox over HTTP, with no worker and no broker (docs/testing.md: an engine or money rule runs the real
+runner in process; only a process boundary starts processes). A job row is written as the API writes one, and its stages are run in order, each
 followed through its back-offs (Later) until it settles."""
 
 import time
