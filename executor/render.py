@@ -495,7 +495,7 @@ def _resolve(job, attempt: Attempt, *, done, resend: bool = True) -> None:
         if policy.key_may_have_expired(age_s=age_s, ttl_s=caps.key_ttl_s, in_flight_s=record.in_flight_s(attempt)):
             _uncertain(attempt, spec)
             return
-        if _unknown_too_long(attempt):
+        if _unknown_too_long(attempt, spec):
             return
         _send_again(job, attempt, done=done, resend=resend, bounded=False)
         return
@@ -508,7 +508,7 @@ def _resolve(job, attempt: Attempt, *, done, resend: bool = True) -> None:
                 inputs=attempt.uploaded_inputs or [],
             )
         except ProviderError as exc:
-            if _unknown_too_long(attempt, f"lookups could not conclude ({exc.kind}: {exc.message})"):
+            if _unknown_too_long(attempt, spec, f"lookups could not conclude ({exc.kind}: {exc.message})"):
                 return
             raise StepRetry(f"lookup failed ({exc.kind}: {exc.message})") from exc
         if found is not None:
@@ -546,18 +546,18 @@ def _send_again(job, attempt: Attempt, *, done, resend: bool, given_up: str = ""
     _send(job, attempt, done=done)
 
 
-def _unknown_too_long(attempt: Attempt, words: str = "") -> bool:
+def _unknown_too_long(attempt: Attempt, spec, words: str = "") -> bool:
     """Every wait ends, whatever the provider can do: an attempt whose send's outcome nothing has settled
     for UNKNOWN_OUTCOME_MAX_S since it first went out (a key resent and never answered, lookups that cannot
-    conclude) becomes uncertain and its job waits for a person, as a blind provider's does at once.
-    Nothing falls back meanwhile: the first provider may be doing, and billing, the work. True when it
-    did (JobHold is raised for this run's attempt)."""
+    conclude) becomes uncertain and its job waits for a person (JobHold), as a blind provider's does at
+    once. Nothing falls back meanwhile: the first provider may be doing, and billing, the work. False while
+    the bound is not reached; True when the attempt was ended here without a hold (another execution
+    resolved it first, or the rule for cheap calls pays again): the caller reads the record again."""
     bound = settings.UNKNOWN_OUTCOME_MAX_S
     if (timezone.now() - attempt.created_at).total_seconds() < bound:
         return False
     last = words or (f"{attempt.error_class}: {attempt.error}" if attempt.error else "no answer")
-    _uncertain(attempt, record.attempt_spec(attempt),
-               error=f"no answer settled this attempt within {bound:g} s of its first send ({last})")
+    _uncertain(attempt, spec, error=f"no answer settled this attempt within {bound:g} s of its first send ({last})")
     return True
 
 
