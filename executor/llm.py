@@ -52,7 +52,8 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
     if earlier:
         last = earlier[-1]
         if last.state == AttemptState.FAILED and last.error_class not in policy.LLM_RETRYABLE:
-            code = policy.STOP_CODES.get(last.error_class) or policy.MOVE_ON.get(last.error_class, ("", "PROVIDER_REFUSED"))[1]
+            code = (policy.STOP_CODES.get(last.error_class)
+                    or policy.MOVE_ON.get(last.error_class, ("", "PROVIDER_REFUSED"))[1])
             raise JobFailure(code, last.error or "", attempt=last.number)
         if len(earlier) >= policy.LLM_ATTEMPTS:
             raise JobFailure("ATTEMPTS_EXHAUSTED", last.error or "no answer", attempt=last.number)
