@@ -173,6 +173,9 @@ JOB_BODY_MAX_BYTES = env_int("JOB_BODY_MAX_BYTES", 256 * 1024, minimum=1024)
 WEB_THREADS = env_int("WEB_THREADS", 2, minimum=1)
 REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 64 * 1024, minimum=1024)
 REQUEST_BODY_TIMEOUT_S = env_float("REQUEST_BODY_TIMEOUT_S", 10.0, minimum=0.1)
+# The longest /readyz takes (operators.probes): past it, a database or broker that has not answered is
+# not ready (503). Below a load balancer's or an orchestrator's own probe timeout.
+READYZ_TIMEOUT_S = env_float("READYZ_TIMEOUT_S", 2.0, minimum=0.1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = JOB_BODY_MAX_BYTES
 FILE_UPLOAD_MAX_MEMORY_SIZE = max(JOB_BODY_MAX_BYTES, REQUEST_BODY_MAX_BYTES, 2_621_440)
 
