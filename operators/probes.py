@@ -75,9 +75,10 @@ async def database_accepts_a_write(timeout_s: float) -> None:
     # libpq's unit is whole seconds, 2 at least; the caller's deadline is the real bound.
     params["connect_timeout"] = max(2, math.ceil(timeout_s))
     async with await psycopg.AsyncConnection.connect(**params) as conn:
-        # Server-side too: the caller gives up at its deadline, but a statement waiting on a lock (a
-        # table locked by a migration) would otherwise hold its backend until the lock goes, one more for
-        # every probe. Not a startup `options`: PgBouncer refuses those.
+        # Server-side too: when the caller gives up at its deadline, psycopg sends a cancel request, but
+        # if that does not arrive a statement waiting on a lock (a table locked by a migration) would hold
+        # its backend until the lock goes, one more for every probe. Not a startup `options`: PgBouncer
+        # refuses those.
         await conn.execute("SELECT set_config('statement_timeout', %s, false)", [str(math.ceil(timeout_s * 1000))])
         await conn.execute(_MARK, [_slot()])
 
@@ -99,7 +100,8 @@ async def broker_answers(timeout_s: float) -> None:
 
 def _kombu_connects(url: str, timeout_s: float) -> None:
     with Connection(url, connect_timeout=timeout_s, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS) as conn:
-        conn.connect()
+        # No retry of kombu's own (connect() retries once, after a pause): one try, within the timeout.
+        conn.ensure_connection(max_retries=0)
 
 
 CHECKS = {"database": database_accepts_a_write, "broker": broker_answers}
