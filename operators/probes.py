@@ -14,7 +14,8 @@ Why there, and not as Django views:
 
 Neither answer says why: a stranger learns nothing of what is down. The reason is in the log line, which
 is written when readiness changes (and once a minute while it stays lost), never for a probe that passes.
-The probes never reach Django, so no request metric or log line of Django's counts them.
+The probes never reach Django, so no request metric or log line of Django's counts them. They are not in
+/v1/schema: like /metrics and /admin/ they are the operators', and no client library calls them.
 """
 
 import asyncio
@@ -42,10 +43,11 @@ logger = logging.getLogger(__name__)
 HEALTHZ, READYZ = "/healthz", "/readyz"
 # The slots of ReadinessMark a process writes one of: the table never holds more rows than this.
 SLOTS = 64
-# A finished check answers the probes of the next second too: a stranger asking /readyz in a loop costs
-# PostgreSQL one connection and one write a second per `web` process, not one per request. Every probe
-# period (HAProxy's default 2 s, Kubernetes' at least 1 s) still gets a check of its own.
-REUSE_S = 1.0
+# A finished check answers the probes of the next half second too: a stranger asking /readyz in a loop
+# costs PostgreSQL two connections and two writes a second per `web` process, not one per request. Every
+# probe period (HAProxy's default 2 s, Kubernetes' 1 s at least) still gets a check of its own, so a
+# database turned read-only fails the first probe after it.
+REUSE_S = 0.5
 # While readiness stays lost, its log line is written again this often (and whenever the reason changes).
 RELOG_S = 60.0
 
@@ -186,6 +188,6 @@ async def _answer(send, scope, status: int, document: dict, headers: list | None
     body = json.dumps(document).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"), *(headers or []),
+        (b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"), *(headers or []),
     ]})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})

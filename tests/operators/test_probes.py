@@ -89,6 +89,7 @@ def test_healthz_and_readyz_answer_without_a_key_and_readyz_has_written(web):
 
     head = requests.head(f"{web.url}/readyz", timeout=10)
     assert head.status_code == 200 and head.content == b"" and head.headers["Cache-Control"] == "no-store"
+    assert head.headers["X-Content-Type-Options"] == "nosniff"
     for path in ("/healthz", "/readyz"):
         refused = requests.post(f"{web.url}{path}", timeout=10)
         assert refused.status_code == 405 and refused.headers["Allow"] == "GET, HEAD"
