@@ -149,8 +149,9 @@ class ProbesMiddleware:
             self._running = {name: asyncio.ensure_future(check(timeout_s)) for name, check in CHECKS.items()}
             self._started = now
         elif self._started + timeout_s <= now:
-            # An earlier check is past its deadline and still ending: not ready, and no second one.
-            return self._finish("an earlier check past its deadline has not ended yet")
+            # An earlier check is past its deadline and still ending: not ready, for the reason already
+            # logged (no new line every other probe), and no second check.
+            return self._finish(self._failure or "an earlier check past its deadline has not ended yet")
         running = self._running
         await asyncio.wait(running.values(), timeout=max(0.0, self._started + timeout_s - now))
         if self._running is running and all(task.done() for task in running.values()):
@@ -168,8 +169,12 @@ class ProbesMiddleware:
         return self._finish("; ".join(failures) if failures else None)
 
     def _forget(self, running: dict) -> None:
+        """A check given up on has ended: the next probe may start another."""
         if self._running is running and all(task.done() for task in running.values()):
             self._running = None
+            for task in running.values():  # its late error is of no use now, and asyncio would log it
+                if not task.cancelled():
+                    task.exception()
 
     def _finish(self, failure: str | None) -> bool:
         now = time.monotonic()
