@@ -177,6 +177,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.header_bytes = 0
 
     def on_response_complete(self) -> None:
+        idle = not self.pipeline  # else super() starts the next request, whose headers are complete
         super().on_response_complete()
-        if not self.transport.is_closing():
+        if idle and not self.transport.is_closing():
             _waiting[self] = None  # idle again (keep-alive), oldest-waiting from now
