@@ -23,6 +23,13 @@ This subclass (the Procfile's `--http config.http:BoundedHttpToolsProtocol`) bou
 
 None of it applies once a request's headers are complete: a response in progress (an event stream that
 lasts minutes) is bounded by the application (config.limits bounds bodies, SSE_MAX_S streams).
+
+The count starts again with each request of a keep-alive connection. A request pipelined behind another
+in the same read (after the first one's body) reaches the parser with that read uncounted: at most one
+read of the socket (256 KiB with uvloop) more than the limit. This class overrides uvicorn's
+data_received and hooks its parser callbacks and on_response_complete, uvicorn's own API rather than a
+public one: requirements.txt pins uvicorn, and tests/config/test_http_bounds.py fails if an upgrade
+changes what they do.
 """
 
 from __future__ import annotations

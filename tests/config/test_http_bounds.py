@@ -151,6 +151,18 @@ def test_the_limit_is_the_header_block_exactly(web):
             assert read_answer(sock)[0] == expected, size
 
 
+def test_each_request_of_a_keep_alive_connection_has_its_own_limit(web):
+    # Three requests of 10 KiB of headers on one connection (30 KiB in all) are each served; a fourth
+    # over the limit on the same connection is 431.
+    with socket.create_connection(("127.0.0.1", web.port), timeout=5) as sock:
+        for _ in range(3):
+            sock.sendall(_request_of(10 * 1024, web.port))
+            assert read_answer(sock)[0] == 200
+        sock.sendall(_request_of(MAX_HEADER_BYTES + 100, web.port))
+        status, _, body = read_answer(sock)
+        assert status == 431 and json.loads(body)["error"]["code"] == "HEADERS_TOO_LARGE"
+
+
 def test_a_body_in_the_same_write_is_not_counted_as_headers(web):
     # A POST whose headers and 40 KiB body arrive in one write: only the header block counts.
     body = json.dumps({"pad": "x" * 40_000}).encode()
