@@ -177,6 +177,13 @@ REQUEST_BODY_TIMEOUT_S = env_float("REQUEST_BODY_TIMEOUT_S", 10.0, minimum=0.1)
 # not ready (503). Below a load balancer's or an orchestrator's own probe timeout.
 READYZ_TIMEOUT_S = env_float("READYZ_TIMEOUT_S", 2.0, minimum=0.1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = JOB_BODY_MAX_BYTES
+# What comes before a request, bounded by the web process's HTTP protocol (config.http): a request line
+# and headers over WEB_MAX_HEADER_BYTES are `431` at once, a header block not complete within
+# WEB_HEADER_TIMEOUT_S of its first byte closes the connection, and a process holds at most
+# WEB_MAX_CONNECTIONS connections (fewer if its fd limit leaves less room).
+WEB_MAX_HEADER_BYTES = env_int("WEB_MAX_HEADER_BYTES", 16 * 1024, minimum=1024)
+WEB_HEADER_TIMEOUT_S = env_float("WEB_HEADER_TIMEOUT_S", 10.0, minimum=0.1)
+WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 1000, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = max(JOB_BODY_MAX_BYTES, REQUEST_BODY_MAX_BYTES, 2_621_440)
 
 REST_FRAMEWORK = {
