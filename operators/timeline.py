@@ -39,7 +39,7 @@ class Entry:
     # reservation's settle, the step's end, the output and the job's end are often equal to the microsecond,
     # and the page showed them by table ("job ended" above the attempt that ended it; a run's tries newest
     # first). Ties go by the order things happen in (PHASE), then by the entry's own number.
-    order: tuple[int, int] = (99, 0)
+    order: tuple[int, int, int] = (99, 0, 0)
 
 
 def job_timeline(job: Job, *, output_url: str = "", limit: int | None = SHOWN) -> tuple[list[Entry], bool]:
@@ -100,8 +100,8 @@ PHASE = {name: rank for rank, name in enumerate((
     "attempt ended", "reservation resolved", "step finished", "output", "job ended", "delivery", "try"))}
 
 
-def _order(phase: str, number: int = 0) -> tuple[int, int]:
-    return (PHASE[phase], number)
+def _order(phase: str, number: int = 0, then: int = 0) -> tuple[int, int, int]:
+    return (PHASE[phase], number, then)
 
 
 def _steps(job: Job, reads: Reads) -> list[Entry]:
@@ -117,7 +117,10 @@ def _steps(job: Job, reads: Reads) -> list[Entry]:
             entries.append(Entry(step.finished_at, "step", f"step {step.name} {step.status}",
                                  _STATE.get(step.status, "info"), [("run", step.run)],
                                  text=_short(step.result) if step.status != "done" else "", run=step.run,
-                                 order=_order("step finished", step.id)))
+                                 # A step written done in the statement that claimed it (jobs.steps' marks,
+                                 # several in one statement) ends right after its own claim.
+                                 order=_order("step claimed", step.id, 1) if step.finished_at == step.started_at
+                                 else _order("step finished", step.id)))
     return entries
 
 

@@ -114,10 +114,14 @@ def price_form(name: str, **fields) -> dict:
 
 def test_a_price_override_without_an_amount_is_refused_by_the_form_and_by_the_database(admin_client, fresh_catalog):
     add = reverse("admin:executor_modelconfig_add")
-    response = admin_client.post(add, price_form("sandbox/image-blind", unit="image"))
-    assert response.status_code == 200  # the form again, with its error; nothing saved
-    assert "An override states its price" in response.content.decode()
-    assert not ModelPrice.objects.exists() and not ModelConfig.objects.exists()
+    # A new model added disabled: no layer gives it a kind, so the catalog's validator had no kind to hold
+    # the price to, and the override was saved with no amount ("$None per image").
+    disabled_new = {k: v for k, v in price_form("fal/fal-ai/some-new-model", unit="image").items() if k != "enabled"}
+    for form in (price_form("sandbox/image-blind", unit="image"), disabled_new):
+        response = admin_client.post(add, form)
+        assert response.status_code == 200  # the form again, with its error; nothing saved
+        assert "An override states its price" in response.content.decode(), form
+        assert not ModelPrice.objects.exists() and not ModelConfig.objects.exists()
     # With an amount it is saved, and the page lists the price.
     response = admin_client.post(add, price_form("sandbox/image-blind", unit="image", per_unit_usd="0.05"))
     assert response.status_code == 302, response.content.decode()[-2000:]
@@ -188,19 +192,24 @@ def make_job(make_api, **body):
 def test_the_timeline_keeps_the_order_of_one_instant_and_the_page_shows_input_metadata_key_and_times(
         admin_client, make_api):
     job = make_job(make_api, metadata={"customer": "c7"})
-    at = job.created_at + timedelta(seconds=1)  # one transaction's instant: every row below shares it
+    # Two transactions' instants: every row below shares one of them (PostgreSQL's now()).
+    at, end = job.created_at + timedelta(seconds=1), job.created_at + timedelta(seconds=2)
     Job.objects.filter(id=job.id).update(started_at=at)
-    Step.objects.create(job=job, run=1, name="submit", status=StepStatus.DONE, started_at=at, finished_at=at)
+    # Two steps written done in one statement (jobs.steps' marks: claimed and done at once), then the
+    # step that sends the attempts, done at the same instant as they end.
+    for name in ("check_output", "mark_running"):
+        Step.objects.create(job=job, run=1, name=name, status=StepStatus.DONE, started_at=at, finished_at=at)
+    Step.objects.create(job=job, run=1, name="submit", status=StepStatus.DONE, started_at=at, finished_at=end)
     for number in (1, 2, 3):
         Attempt.objects.create(job=job, run=1, number=number, provider="sandbox", model="video-keyed",
-                               upstream_key=f"payonce-{job.id}-{number}", created_at=at, finished_at=at,
+                               upstream_key=f"payonce-{job.id}-{number}", created_at=at, finished_at=end,
                                accepted_at=at if number == 3 else None,
                                state=AttemptState.SUCCEEDED if number == 3 else AttemptState.FAILED)
     job_finish(job_id=job.id, status=JobStatus.SUCCEEDED,
                output={"key": "out/x.mp4", "written_by": str(job.id), "content_type": "video/mp4"})
-    Job.objects.filter(id=job.id).update(completed_at=at)
+    Job.objects.filter(id=job.id).update(completed_at=end)
     job.refresh_from_db()
-    titles = [entry.title for entry in job_timeline(job)[0] if entry.at == at]
+    titles = [entry.title for entry in job_timeline(job)[0] if entry.at in (at, end)]
 
     def head(number):
         return f"attempt {number} (sandbox/video-keyed, step submit, run 1)"
@@ -208,7 +217,8 @@ def test_the_timeline_keeps_the_order_of_one_instant_and_the_page_shows_input_me
     # Before: by table (the job's end first, the step's, then the attempts newest first); now the order
     # the rows were written in, and each table's rows by their own number.
     assert titles == [
-        "run 1 started", "step submit claimed",
+        "run 1 started", "step check_output claimed", "step check_output done", "step mark_running claimed",
+        "step mark_running done", "step submit claimed",
         f"{head(1)}: intent written", f"{head(2)}: intent written", f"{head(3)}: intent written",
         f"{head(3)}: accepted", f"{head(1)}: failed", f"{head(2)}: failed", f"{head(3)}: succeeded",
         "step submit done", "output written", "ended succeeded"], titles
@@ -216,7 +226,7 @@ def test_the_timeline_keeps_the_order_of_one_instant_and_the_page_shows_input_me
     page = admin_client.get(reverse("admin:jobs_job_change", args=[job.id])).content.decode()
     assert 'data-testid="idempotency-key"><code>the-idempotency-key</code>' in page
     times = re.sub(r"\s+", " ", page.split('data-testid="times">')[1].split("</td>")[0])
-    assert f"created {job.created_at:%Y-%m-%d %H:%M:%S}" in times and f"finished {at:%Y-%m-%d %H:%M:%S}" in times
+    assert f"created {job.created_at:%Y-%m-%d %H:%M:%S}" in times and f"finished {end:%Y-%m-%d %H:%M:%S}" in times
     assert f"started {at:%Y-%m-%d %H:%M:%S}" in times
     shown_input = page.split('data-testid="job-input">')[1].split("</pre>")[0]
     assert json.loads(shown_input.replace("&quot;", '"').replace("&#x27;", "'")) == job.input
