@@ -30,7 +30,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "operators.adminsite.PayonceAdminConfig",  # django.contrib.admin, payonce's site (operators.adminsite)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
