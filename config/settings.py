@@ -272,6 +272,8 @@ SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "")
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
 # fal signs its webhooks with ED25519 keys it publishes as a JWKS; they are read from here (cached).
 FAL_WEBHOOK_JWKS_URL = env_str("FAL_WEBHOOK_JWKS_URL", "https://rest.alpha.fal.ai/.well-known/jwks.json")
+# A fetch of that key page may happen on a request's thread (no keys yet): seconds, not PROVIDER_READ_TIMEOUT_S.
+FAL_WEBHOOK_JWKS_TIMEOUT_S = env_float("FAL_WEBHOOK_JWKS_TIMEOUT_S", 3.0, minimum=0.1)
 
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
 PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")

@@ -123,6 +123,8 @@ CALLBACK_OPERATION = {
                 "content": _ERROR_REF},
         "413": {"description": "PAYLOAD_TOO_LARGE", "content": _ERROR_REF},
         "422": {"description": "INVALID_REQUEST: the callback names no generation", "content": _ERROR_REF},
+        "503": {"description": "CALLBACK_UNVERIFIED: fal's key page cannot be had now (the provider sends it "
+                               "again), or DATABASE_UNAVAILABLE", "content": _ERROR_REF},
     },
 }
 
