@@ -177,6 +177,25 @@ def _is_secret_name(name: str) -> bool:
             or name in ("SECRET_KEY", "AWS_SECRET_ACCESS_KEY"))
 
 
+# kombu's rendering of a broker URL (celery's banner, "Connected to redis://:**@host:6379/0"): `:**` stands
+# for the password whether or not there is one. The password itself is never in such a text.
+_KOMBU_MASKED_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://):\*\*@([^\s/?#:@\]]+|\[[^\s\]]*\])")
+
+
+def hosts_with_passwords(environ) -> set[str]:
+    """The hosts (lower-cased) of the environment's URLs that hold a password."""
+    found = set()
+    for value in environ.values():
+        if value and "://" in value:
+            try:
+                parts = urlsplit(value)
+                if parts.password and parts.hostname:
+                    found.add(parts.hostname.lower())
+            except ValueError:
+                continue
+    return found
+
+
 def secrets_from_environ(environ) -> set[str]:
     """The secret values of an environment: variables named like a secret (…_API_KEY, …_TOKEN, …_SECRET,
     …PASSWORD…, AWS_SECRET_ACCESS_KEY, SECRET_KEY), and the password inside any URL setting
@@ -202,10 +221,11 @@ class Redactor:
     # back in every line of a job. A pure function of the text, so a remembered answer is the answer.
     _REMEMBERED_LENGTH, _REMEMBERED_COUNT = 200, 4096
 
-    def __init__(self, secrets=()):
+    def __init__(self, secrets=(), hosts_with_passwords=()):
         literal = sorted(set(secrets), key=len, reverse=True)  # the longest first: one may contain another
         self._literal = re.compile("|".join(map(re.escape, literal))) if literal else None
         self._remembered: dict[str, str] = {}
+        self._hosts_with_passwords = {host.lower() for host in hosts_with_passwords}
 
     def text(self, value: str) -> str:
         remembered = self._remembered.get(value)
@@ -222,10 +242,20 @@ class Redactor:
         if self._literal is not None:
             value = self._literal.sub(REDACTED, value)
         lowered = value.lower()
+        if ":**@" in value:
+            # kombu's mask: `[redacted]` where a URL of the environment for that host holds a password, and
+            # otherwise the URL as it is (a `redis://:[redacted]@` for a Redis with no password misled).
+            value = _KOMBU_MASKED_URL.sub(self._unmask, value)
         for needles, pattern, replacement in _SHAPES:
             if any(needle in lowered for needle in needles):
                 value = pattern.sub(replacement, value)
         return value
+
+    def _unmask(self, match: re.Match) -> str:
+        scheme, host = match.group(1), match.group(2)
+        if host.strip("[]").lower() in self._hosts_with_passwords:
+            return f"{scheme}:{REDACTED}@{host}"
+        return f"{scheme}{host}"
 
     def value(self, value):
         """A field's value with its strings redacted (inside lists and dicts too); other values as they are."""
@@ -245,7 +275,8 @@ class RedactFilter(logging.Filter):
 
     def __init__(self, name: str = "", environ=None):
         super().__init__(name)
-        self.redactor = Redactor(secrets_from_environ(os.environ if environ is None else environ))
+        environ = os.environ if environ is None else environ
+        self.redactor = Redactor(secrets_from_environ(environ), hosts_with_passwords(environ))
 
     def filter(self, record: logging.LogRecord) -> bool:
         redact = self.redactor
