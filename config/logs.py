@@ -141,6 +141,11 @@ class RoutineFilter(logging.Filter):
 
 # --- redaction -------------------------------------------------------------------------------------------
 
+# A report link's token (`/r/<signed token>`, jobs.reports.link_token): a bearer token to a buyer's
+# report, in any line that quotes a link, and in the mail a console backend prints (config.mail) unless
+# EMAIL_CONSOLE_LINKS shows it there (development: that mail is the only way to the link).
+_REPORT_LINK = (("/r/",), re.compile(r"(/r/)[A-Za-z0-9_.:=-]{16,}"), r"\1" + REDACTED)
+
 # Secrets found by their shape, wherever they appear. Each keeps what says what it was. A shape is looked
 # for only in a text that holds one of its needles (lower-cased), a cheap test most texts (ids, event
 # names) fail: the filter runs on every record.
@@ -154,9 +159,7 @@ _SHAPES = (
     # Provider key formats: OpenAI and Anthropic (sk-...), Replicate (r8_...).
     (("sk-",), re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),
     (("r8_",), re.compile(r"\br8_[A-Za-z0-9]{16,}"), REDACTED),
-    # A report link's token (`/r/<signed token>`, jobs.reports.link_token): a bearer token to a buyer's
-    # report, in every mail a console backend prints (config.mail) and any line that quotes a link.
-    (("/r/",), re.compile(r"(/r/)[A-Za-z0-9_.:=-]{16,}"), r"\1" + REDACTED),
+    _REPORT_LINK,
     # A password inside a URL (postgres://user:password@host, redis://:password@host, smtp://...).
     (("@",), re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@]*:)[^\s/?#@]+@"), r"\1" + REDACTED + "@"),
     # A key in a header's or a query's words: `x-api-key: ...`, `?api_key=...`, `"password": "..."`.
@@ -221,7 +224,9 @@ class Redactor:
     # back in every line of a job. A pure function of the text, so a remembered answer is the answer.
     _REMEMBERED_LENGTH, _REMEMBERED_COUNT = 200, 4096
 
-    def __init__(self, secrets=(), hosts_with_passwords=()):
+    def __init__(self, secrets=(), hosts_with_passwords=(), *, report_links: bool = True):
+        """`report_links` False leaves report links as they are (the console mail with EMAIL_CONSOLE_LINKS)."""
+        self._shapes = tuple(shape for shape in _SHAPES if report_links or shape is not _REPORT_LINK)
         literal = sorted(set(secrets), key=len, reverse=True)  # the longest first: one may contain another
         self._literal = re.compile("|".join(map(re.escape, literal))) if literal else None
         self._remembered: dict[str, str] = {}
@@ -246,7 +251,7 @@ class Redactor:
             # kombu's mask: `[redacted]` where a URL of the environment for that host holds a password, and
             # otherwise the URL as it is (a `redis://:[redacted]@` for a Redis with no password misled).
             value = _KOMBU_MASKED_URL.sub(self._unmask, value)
-        for needles, pattern, replacement in _SHAPES:
+        for needles, pattern, replacement in self._shapes:
             if any(needle in lowered for needle in needles):
                 value = pattern.sub(replacement, value)
         return value
@@ -276,10 +281,13 @@ class RedactFilter(logging.Filter):
     def __init__(self, name: str = "", environ=None):
         super().__init__(name)
         environ = os.environ if environ is None else environ
-        self.redactor = Redactor(secrets_from_environ(environ), hosts_with_passwords(environ))
+        found, hosts = secrets_from_environ(environ), hosts_with_passwords(environ)
+        self.redactor = Redactor(found, hosts)
+        # For a record that says `shows_report_links` (config.mail's console mail, when asked to).
+        self.showing_links = Redactor(found, hosts, report_links=False)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        redact = self.redactor
+        redact = self.showing_links if getattr(record, "shows_report_links", False) is True else self.redactor
         try:
             message = record.getMessage()
         except Exception:  # arguments that do not fit the message: keep both, as text

@@ -343,6 +343,8 @@ SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)
 # Mail: EMAIL_URL (console:// prints, smtp://host:port sends).
 EMAIL_URL = env_str("EMAIL_URL", "console://")
 globals().update(email_from_url(EMAIL_URL))
+# The console mail prints report links whole (development: `make run` turns it on); off, they are redacted.
+EMAIL_CONSOLE_LINKS = env_bool("EMAIL_CONSOLE_LINKS", False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.localhost>")
 
