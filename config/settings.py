@@ -73,7 +73,11 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("ADMIN_LOGIN_LOCKOUT_S", 900, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# And ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT failures from one address, whatever the usernames, lock that address
+# out (config.logins.LoginFailures): unknown usernames, one per try, cost the hasher's CPU too.
+ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT = env_int("ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT", 20, minimum=1)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]  # this order: LoginFailures reads it
+AXES_HANDLER = "config.logins.LoginFailures"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "config.logins.locked_out"
 # The address is the connection's, as uvicorn gives it: uvicorn believes X-Forwarded-For only from the
