@@ -141,7 +141,10 @@ def jwks(*, refresh: bool = False, replay: bool | None = None) -> dict:
         if not may_fetch:
             if page.keys is not None:
                 return page.keys
-            raise page.failure or ProviderError(ErrorClass.SERVER_ERROR, f"the JWKS at {url} is being fetched")
+            # A new error each time: the kept one, raised again and again, would grow its traceback.
+            raise ProviderError(ErrorClass.SERVER_ERROR, f"the JWKS at {url} is being fetched" if page.fetching
+                                else f"the JWKS at {url} could not be had {now - page.tried_at:.0f} s ago: "
+                                     f"{page.failure}")
         _begin(page, now)
         kept = page.keys
     try:
