@@ -73,7 +73,11 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("ADMIN_LOGIN_LOCKOUT_S", 900, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# And ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT failures from one address, whatever the usernames, lock that address
+# out (config.logins.LoginFailures): unknown usernames, one per try, cost the hasher's CPU too.
+ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT = env_int("ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT", 20, minimum=1)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]  # this order: LoginFailures reads it
+AXES_HANDLER = "config.logins.LoginFailures"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "config.logins.locked_out"
 # The address is the connection's, as uvicorn gives it: uvicorn believes X-Forwarded-For only from the
@@ -282,6 +286,8 @@ SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "")
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
 # fal signs its webhooks with ED25519 keys it publishes as a JWKS; they are read from here (cached).
 FAL_WEBHOOK_JWKS_URL = env_str("FAL_WEBHOOK_JWKS_URL", "https://rest.alpha.fal.ai/.well-known/jwks.json")
+# A fetch of that key page may happen on a request's thread (no keys yet): seconds, not PROVIDER_READ_TIMEOUT_S.
+FAL_WEBHOOK_JWKS_TIMEOUT_S = env_float("FAL_WEBHOOK_JWKS_TIMEOUT_S", 3.0, minimum=0.1)
 
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
 PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")
@@ -351,6 +357,8 @@ SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)
 # Mail: EMAIL_URL (console:// prints, smtp://host:port sends).
 EMAIL_URL = env_str("EMAIL_URL", "console://")
 globals().update(email_from_url(EMAIL_URL))
+# The console mail prints report links whole (development: `make run` turns it on); off, they are redacted.
+EMAIL_CONSOLE_LINKS = env_bool("EMAIL_CONSOLE_LINKS", False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.localhost>")
 
