@@ -232,6 +232,11 @@ class PayloadTooLarge(APIError):
     """413."""
 
 
+@_code("HEADERS_TOO_LARGE")
+class HeadersTooLarge(APIError):
+    """431: the request line and headers exceed the server's limit (16 KiB by default)."""
+
+
 @_code("UNSUPPORTED_MEDIA_TYPE")
 class UnsupportedMediaType(APIError):
     """415."""

@@ -91,6 +91,7 @@ export class JobNotSucceeded extends APIError {}
 export class ReportNotSealed extends APIError {}
 export class CallbackEarly extends APIError {}
 export class PayloadTooLarge extends APIError {}
+export class HeadersTooLarge extends APIError {}
 export class UnsupportedMediaType extends APIError {}
 export class InvalidRequest extends APIError {}
 export class TooManyStreams extends APIError {}
@@ -131,6 +132,7 @@ export const ERROR_CLASSES: Readonly<Record<ErrorCode | "METRICS_UNAUTHORIZED" |
   REPORT_NOT_SEALED: ReportNotSealed,
   CALLBACK_EARLY: CallbackEarly,
   PAYLOAD_TOO_LARGE: PayloadTooLarge,
+  HEADERS_TOO_LARGE: HeadersTooLarge,
   UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaType,
   INVALID_REQUEST: InvalidRequest,
   TOO_MANY_STREAMS: TooManyStreams,
