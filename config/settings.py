@@ -25,6 +25,10 @@ VAR_DIR = Path(env_str("PAYONCE_VAR_DIR", str(BASE_DIR / "var")))
 # Unset, the repository's development key: fine with DEBUG on; with DEBUG off every long-running process
 # refuses to start with it (config.startup), and `make run` generates one into var/secret_key.
 SECRET_KEY = env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
+# Rotating SECRET_KEY (docs/operating.md, "Rotating secrets"): the previous keys, comma-separated, still
+# verify what they signed (mailed report links, admin sessions) while new signatures use SECRET_KEY. Drop
+# one once what it signed has expired (REPORT_LINK_MAX_AGE_S, the sessions' two weeks).
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", "")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
@@ -118,6 +122,15 @@ else:
 # be missing on the next transaction's server connection.
 if env_bool("DB_SERVER_SIDE_BINDING", True):
     _database["OPTIONS"]["server_side_binding"] = True
+# Django reads a QuerySet's .iterator() (the operators' bulk actions) through a named cursor, declared WITH
+# HOLD outside a transaction, so it outlives the transactions in between: session state, which a PgBouncer
+# in transaction mode does not keep (the next FETCH may reach another server connection). Off behind one:
+# the rows are read in one go instead.
+_database["DISABLE_SERVER_SIDE_CURSORS"] = not env_bool("DB_SERVER_SIDE_CURSORS", True)
+# A pooled connection that PostgreSQL dropped (a failover, a restart, a PgBouncer reload) fails the first
+# query it is lent to, and is then discarded. On: the pool checks each connection as it lends it (one
+# round trip), so a failover costs no request and no task a failed query.
+_database["CONN_HEALTH_CHECKS"] = env_bool("DB_HEALTH_CHECKS", False)
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,0 +1,139 @@
+"""The settings docs/operating.md's production sections lean on, each read from the environment by a real
+process: SECRET_KEY_FALLBACKS (a link signed before a key rotation still opens), a multi-host DATABASE_URL
+with libpq's own parameters (a failover's promoted host is found), DB_SERVER_SIDE_CURSORS=0 (no cursor
+outlives its transaction behind a PgBouncer in transaction mode) and DB_HEALTH_CHECKS=1 (a connection
+PostgreSQL dropped is never lent to a query)."""
+
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+import requests
+from django.db import connection
+from django.test import override_settings
+
+from jobs.models import Report
+from jobs.reports import link_token
+from jobs.services import client_create
+from tests.support.drive import media_job
+from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, process_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NEW_KEY = "payonce-rotated-in-" + "n" * 40
+OLD_KEY = "payonce-rotated-out-" + "o" * 40
+
+
+def a_report_being_written() -> uuid.UUID:
+    client = client_create(name=f"rotation-{uuid.uuid4().hex[:8]}")
+    job = media_job(client["client_id"])
+    job.kind = "report"
+    job.save(update_fields=["kind"])
+    Report.objects.create(job=job, email="buyer@example.com", chapter_keys=["sun"])
+    return job.id
+
+
+def report_page_status(token: str, **env) -> int:
+    web = ProcfileProcess("web", {"PORT": free_port(), "SECRET_KEY": NEW_KEY, **env}).start()
+    try:
+        return requests.get(f"http://127.0.0.1:{web.port}/r/{token}", timeout=10).status_code
+    finally:
+        web.stop()
+
+
+def test_a_report_link_signed_with_the_previous_secret_key_opens_while_that_key_is_a_fallback():
+    job_id = a_report_being_written()
+    with override_settings(SECRET_KEY=OLD_KEY):
+        old_token = link_token(job_id)
+    with override_settings(SECRET_KEY=NEW_KEY):
+        new_token = link_token(job_id)
+
+    # 202: the report's page while it is being written (404 is a token that is not ours).
+    assert report_page_status(old_token, SECRET_KEY_FALLBACKS=f"another-{'x' * 40}, {OLD_KEY}") == 202
+    assert report_page_status(old_token) == 404  # the old key dropped: its links no longer open
+    assert report_page_status(new_token, SECRET_KEY_FALLBACKS=OLD_KEY) == 202  # new links use SECRET_KEY
+
+
+def run_django(code: str, **env) -> subprocess.CompletedProcess:
+    """`code` in a fresh process with payonce's real settings (config.settings) and this test's database."""
+    environ = process_env(**env)
+    environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    script = "import django\ndjango.setup()\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=environ, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_multi_host_database_url_reaches_the_first_host_that_accepts_writes():
+    db = connection.settings_dict
+    unreachable = free_port()  # nobody listens there: a primary that is gone
+    url = (f"postgres://127.0.0.1:{unreachable},{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+           "?target_session_attrs=read-write&connect_timeout=3")
+
+    done = run_django("""
+        from django.db import connection
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_database(), pg_is_in_recovery(), current_setting('transaction_read_only')")
+            print(cursor.fetchone())
+        print(connection.connection.info.port, connection.settings_dict["HOST"])
+    """, DATABASE_URL=url)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == repr((db["NAME"], False, "off"))
+    port, hosts = lines[1].split(" ", 1)
+    assert port == str(db["PORT"] or 5432) and hosts == f"127.0.0.1,{db['HOST'] or 'localhost'}"
+
+
+ITERATE_JOBS = """
+    from django.db import connection
+    from jobs.models import Job
+    for job in Job.objects.all().iterator(chunk_size=1):
+        with connection.cursor() as cursor:  # between two FETCHes, as a bulk action's own transactions are
+            cursor.execute("SELECT count(*) FROM pg_cursors")
+            print(cursor.fetchone()[0])
+        break
+"""
+
+
+@pytest.mark.parametrize(("setting", "open_cursors"), [(None, "1"), ("1", "1"), ("0", "0")])
+def test_db_server_side_cursors_off_leaves_no_cursor_open_between_transactions(setting, open_cursors):
+    client = client_create(name=f"cursors-{uuid.uuid4().hex[:8]}")
+    media_job(client["client_id"]), media_job(client["client_id"])
+    env = {} if setting is None else {"DB_SERVER_SIDE_CURSORS": setting}
+
+    done = run_django(ITERATE_JOBS, **env)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == open_cursors
+
+
+LEND_A_DROPPED_CONNECTION = """
+    import psycopg
+    from django.db import connection
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    connection.close()  # back to the pool, as at the end of a request or a task
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None), params.pop("context", None), params.pop("prepare_threshold", None)
+    with psycopg.connect(**params, autocommit=True) as admin:  # a failover, a restart: the server drops it
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            print("answered", cursor.fetchone()[0] != pid)
+    except Exception as exc:
+        print("failed", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize(("setting", "outcome"), [(None, "failed OperationalError"), ("1", "answered True")])
+def test_db_health_checks_lend_no_connection_the_server_dropped(setting, outcome):
+    env = {} if setting is None else {"DB_HEALTH_CHECKS": setting}
+
+    done = run_django(LEND_A_DROPPED_CONNECTION, **env)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == outcome
