@@ -4,6 +4,7 @@ with libpq's own parameters (a failover's promoted host is found), DB_SERVER_SID
 outlives its transaction behind a PgBouncer in transaction mode) and DB_HEALTH_CHECKS=1 (a connection
 PostgreSQL dropped is never lent to a query)."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -137,3 +138,40 @@ def test_db_health_checks_lend_no_connection_the_server_dropped(setting, outcome
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == outcome
+
+
+# --- TLS terminated by a proxy -----------------------------------------------------------------------------
+
+
+def admin_login_behind_a_proxy(port: int, **headers) -> int:
+    """A wrong-password admin login as a browser sends it through a TLS-terminating proxy for
+    https://payonce.test: the status of the POST (200, the form again: the CSRF check passed; 403: refused)."""
+    session = requests.Session()
+    base = f"http://127.0.0.1:{port}/admin/login/"
+    common = {"Host": "payonce.test", **headers}
+    page = session.get(base, headers=common, timeout=10)
+    assert page.status_code == 200, page.status_code
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    answer = session.post(base, data={"csrfmiddlewaretoken": token, "username": "nobody", "password": "wrong",
+                                      "next": "/admin/"},
+                          headers={**common, "Origin": "https://payonce.test",
+                                   "Referer": "https://payonce.test/admin/login/"}, timeout=10)
+    return answer.status_code
+
+
+def test_the_admin_behind_a_tls_proxy_takes_https_from_x_forwarded_proto_of_a_trusted_proxy_only():
+    """docs/operating.md, "TLS and proxy headers": uvicorn believes X-Forwarded-Proto from FORWARDED_ALLOW_IPS
+    (default 127.0.0.1), so Django sees https and the admin's CSRF check accepts the https Origin without
+    SECURE_PROXY_SSL_HEADER or CSRF_TRUSTED_ORIGINS naming it."""
+    hosts = {"ALLOWED_HOSTS": "payonce.test,127.0.0.1"}
+    trusted = ProcfileProcess("web", {"PORT": free_port(), **hosts}).start()
+    try:
+        assert admin_login_behind_a_proxy(trusted.port, **{"X-Forwarded-Proto": "https"}) == 200
+        assert admin_login_behind_a_proxy(trusted.port) == 403  # plain http: the https Origin is foreign
+    finally:
+        trusted.stop()
+    untrusted = ProcfileProcess("web", {"PORT": free_port(), "FORWARDED_ALLOW_IPS": "10.9.9.9", **hosts}).start()
+    try:  # the header from an address that is not the proxy's: ignored
+        assert admin_login_behind_a_proxy(untrusted.port, **{"X-Forwarded-Proto": "https"}) == 403
+    finally:
+        untrusted.stop()
