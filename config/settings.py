@@ -115,11 +115,10 @@ if env_bool("DB_POOL", True):
     }
 else:
     _database["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
-# Server-side binding: parameters travel apart from the SQL, and psycopg prepares a statement the fifth
-# time a connection runs it, so PostgreSQL plans each hot statement once per connection, not per call, and
-# no parameter is quoted into the SQL in Python (a quarter of a media job's CPU in web and worker together,
-# bench/README.md, issue 26). Off behind a PgBouncer in transaction mode, where a prepared statement may
-# be missing on the next transaction's server connection.
+# Server-side binding: parameters travel apart from the SQL, and no parameter is quoted into the SQL in
+# Python (a quarter of a media job's CPU in web and worker together, bench/README.md, issue 26). Nothing is
+# prepared: Django leaves psycopg's prepare_threshold unset, so each statement is an unnamed one that lives
+# for its round trip, and this stays on behind a PgBouncer in transaction mode (tests/config/test_pgbouncer.py).
 if env_bool("DB_SERVER_SIDE_BINDING", True):
     _database["OPTIONS"]["server_side_binding"] = True
 # Django reads a QuerySet's .iterator() (the operators' bulk actions) through a named cursor, declared WITH

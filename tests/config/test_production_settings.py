@@ -120,7 +120,7 @@ LEND_A_DROPPED_CONNECTION = """
     params = connection.get_connection_params()
     params.pop("cursor_factory", None), params.pop("context", None), params.pop("prepare_threshold", None)
     with psycopg.connect(**params, autocommit=True) as admin:  # a failover, a restart: the server drops it
-        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # waits until it is gone
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_backend_pid()")
