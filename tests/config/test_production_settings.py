@@ -114,17 +114,21 @@ LEND_A_DROPPED_CONNECTION = """
     import psycopg
     from django.db import connection
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        pid = cursor.fetchone()[0]
+        cursor.execute("SELECT 1")
     connection.close()  # back to the pool, as at the end of a request or a task
     params = connection.get_connection_params()
     params.pop("cursor_factory", None), params.pop("context", None), params.pop("prepare_threshold", None)
-    with psycopg.connect(**params, autocommit=True) as admin:  # a failover, a restart: the server drops it
-        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # waits until it is gone
+    with psycopg.connect(**{**params, "application_name": "admin"}, autocommit=True) as admin:
+        # A failover, a restart: the server drops every connection of this process's pool (however many
+        # the pool opened), and waits until they are gone.
+        dropped = [row[0] for row in admin.execute(
+            "SELECT pid, pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = %s",
+            [params["application_name"]])]
+    assert dropped, "no pooled connection found"
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_backend_pid()")
-            print("answered", cursor.fetchone()[0] != pid)
+            print("answered", cursor.fetchone()[0] not in dropped)
     except Exception as exc:
         print("failed", type(exc).__name__)
 """
@@ -133,8 +137,13 @@ LEND_A_DROPPED_CONNECTION = """
 @pytest.mark.parametrize(("setting", "outcome"), [(None, "failed OperationalError"), ("1", "answered True")])
 def test_db_health_checks_lend_no_connection_the_server_dropped(setting, outcome):
     env = {} if setting is None else {"DB_HEALTH_CHECKS": setting}
+    db = connection.settings_dict
+    # Its own application_name (a libpq parameter, passed through), so only its pool's connections are dropped.
+    user = f"{db['USER']}@" if db["USER"] else ""
+    url = (f"postgres://{user}{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+           f"?application_name=payonce-health-{uuid.uuid4().hex[:8]}")
 
-    done = run_django(LEND_A_DROPPED_CONNECTION, **env)
+    done = run_django(LEND_A_DROPPED_CONNECTION, DATABASE_URL=url, **env)
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == outcome
