@@ -69,12 +69,13 @@ migrate: install
 # The processes refuse the repository's development SECRET_KEY with DEBUG off (config.startup): unless
 # SECRET_KEY is set, `make run` generates a random one into var/secret_key once (readable by its owner
 # only) and every process of the stack reads it, so links mailed by one run still open after a restart.
+# EMAIL_CONSOLE_LINKS: the printed report mail shows its link (config.mail), as the README says.
 run: export PUBLIC_BASE_URL ?= http://127.0.0.1:$(PORT)
 run: migrate
 	mkdir -p var
 	test -s var/secret_key || (umask 077 && $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(50))" > var/secret_key)
 	$(BIN)/python manage.py demo_client
-	SECRET_KEY="$${SECRET_KEY:-$$(cat var/secret_key)}" LOG_FORMAT="$${LOG_FORMAT:-plain}" $(BIN)/python -m config.devrun -p $(PORT)
+	SECRET_KEY="$${SECRET_KEY:-$$(cat var/secret_key)}" LOG_FORMAT="$${LOG_FORMAT:-plain}" EMAIL_CONSOLE_LINKS="$${EMAIL_CONSOLE_LINKS:-1}" $(BIN)/python -m config.devrun -p $(PORT)
 
 test: install-dev migrate
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 BUDGET_MONTH_CONSTRAINT = "budget_client_month"
 RESERVATION_KEY_CONSTRAINT = "reservation_key"
+MODEL_PRICE_STATES_AMOUNT = "model_price_states_amount"
 
 
 class PriceUnit(models.TextChoices):
@@ -47,6 +48,15 @@ class ModelPrice(models.Model):
                 & (Q(cache_read_per_mtok_usd__isnull=True) | Q(cache_read_per_mtok_usd__gte=0))
                 & (Q(per_unit_usd__isnull=True) | Q(per_unit_usd__gte=0)),
                 name="model_price_not_negative",
+            ),
+            # An override states a price: free, a unit price (or a table of them), or input and output per
+            # million tokens. One with no amount (the admin's form once saved one: "$None per image") made
+            # its model's jobs reserve the penalty tier and record their cost as unpriced; no path (the
+            # form, a service, a hand-written row) can write one now.
+            models.CheckConstraint(
+                condition=Q(free=True) | Q(per_unit_usd__isnull=False) | Q(variants__isnull=False)
+                | (Q(input_per_mtok_usd__isnull=False) & Q(output_per_mtok_usd__isnull=False)),
+                name=MODEL_PRICE_STATES_AMOUNT,
             ),
         ]
         verbose_name = "rate card override"

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import django
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.utils.module_loading import import_string
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does before its handler
@@ -70,4 +71,7 @@ refuse_to_serve_with_development_settings(settings)
 
 django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 
-application = BodyLimitMiddleware(ASGIStaticFilesHandler(django_application))
+# /healthz and /readyz in front of everything (operators.probes says why), named by string as config.urls
+# names the apps: config imports no app.
+application = import_string("operators.probes.ProbesMiddleware")(
+    BodyLimitMiddleware(ASGIStaticFilesHandler(django_application)))

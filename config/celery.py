@@ -3,6 +3,7 @@ worker process, so a broken receiver never slows paid work (docs/operating.md,
 "Running on several machines")."""
 
 import os
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -84,10 +85,22 @@ def _counter_client():
     return Redis.from_url(app.conf.broker_url)
 
 
+def beat_started_mark(schedule_filename: str) -> Path:
+    """The file beat rewrites each time it starts (its pid and the time), next to its schedule file: what
+    `make run` (config.devrun) reads to know that beat is up. Not the schedule file's own time: a beat
+    started again on an unchanged schedule need not write it (issue 38: a second `make run` waited 120 s
+    and said that beat did not answer)."""
+    return Path(f"{schedule_filename}.started")
+
+
 class Scheduler(PersistentScheduler):
     """beat's own scheduler, which first makes the directory of its schedule file (PAYONCE_VAR_DIR):
-    a fresh checkout has none yet."""
+    a fresh checkout has none yet; and, once the schedule is set up, rewrites its started mark."""
 
     def setup_schedule(self):
         Path(self.schedule_filename).parent.mkdir(parents=True, exist_ok=True)
         super().setup_schedule()
+        mark = beat_started_mark(self.schedule_filename)
+        temporary = mark.with_name(f"{mark.name}.{os.getpid()}")
+        temporary.write_text(f"{os.getpid()} {time.time():.3f}\n")
+        temporary.replace(mark)  # whole or not at all: a reader never sees half a mark

@@ -5,7 +5,9 @@ import psycopg
 from psycopg import errors, sql
 
 
-def _connect_kwargs(database: dict, dbname: str) -> dict:
+def connect_kwargs(database: dict, dbname: str) -> dict:
+    """psycopg's connect() arguments for a Django database's settings, on `dbname`, autocommitted (Django's
+    own pool options left out)."""
     kwargs = {"dbname": dbname, "autocommit": True, "connect_timeout": 10}
     for key, setting in (("user", "USER"), ("password", "PASSWORD"), ("host", "HOST"), ("port", "PORT")):
         if database.get(setting):
@@ -20,12 +22,12 @@ def ensure_database(database: dict) -> bool:
     """Create `database["NAME"]` if it does not exist. Returns True when it was created."""
     name = database["NAME"]
     try:
-        with psycopg.connect(**_connect_kwargs(database, name)):
+        with psycopg.connect(**connect_kwargs(database, name)):
             return False
     except psycopg.OperationalError as exc:
         if "does not exist" not in str(exc):
             raise
-    with psycopg.connect(**_connect_kwargs(database, "postgres")) as conn:
+    with psycopg.connect(**connect_kwargs(database, "postgres")) as conn:
         try:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         except errors.DuplicateDatabase:

@@ -3,8 +3,8 @@ prints the demo client's key and curl lines again (written by `manage.py demo_cl
 var/demo.txt), since by then the processes' start-up lines have scrolled them away.
 
 Ready means: `web` answers HTTP, the sandbox answers its ledger, both Celery workers answer a ping, and
-beat has opened its schedule file since the start. Ctrl-C reaches honcho (the same process group),
-which stops every process; this waits for it and exits with its status.
+beat has set up its schedule since the start (its started mark, config.celery.Scheduler). Ctrl-C reaches
+honcho (the same process group), which stops every process; this waits for it and exits with its status.
 
     python -m config.devrun -p 8000   # the arguments are honcho's, after `start -f Procfile`
 """
@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import requests
 
-from config.celery import app
+from config.celery import app, beat_started_mark
 
 READY_WITHIN_S = 120.0
 
@@ -45,9 +44,12 @@ def _workers_answer() -> set[str]:
 
 
 def _beat_started(schedule_file: str, since: float) -> bool:
-    # dbm adds a suffix of its own on some platforms (.db, .dat): any file of that name counts.
-    path = Path(schedule_file)
-    return any(found.stat().st_mtime >= since for found in path.parent.glob(f"{path.name}*"))
+    """beat rewrote its started mark (config.celery.Scheduler) since `since`: the mark holds its time."""
+    try:
+        started = float(beat_started_mark(schedule_file).read_text().split()[1])
+    except (OSError, IndexError, ValueError):  # not there yet (a first run), or from an older version
+        return False
+    return started >= since
 
 
 def waiting_for(settings, since: float) -> list[str]:

@@ -141,6 +141,11 @@ class RoutineFilter(logging.Filter):
 
 # --- redaction -------------------------------------------------------------------------------------------
 
+# A report link's token (`/r/<signed token>`, jobs.reports.link_token): a bearer token to a buyer's
+# report, in any line that quotes a link, and in the mail a console backend prints (config.mail) unless
+# EMAIL_CONSOLE_LINKS shows it there (development: that mail is the only way to the link).
+_REPORT_LINK = (("/r/",), re.compile(r"(/r/)[A-Za-z0-9_.:=-]{16,}"), r"\1" + REDACTED)
+
 # Secrets found by their shape, wherever they appear. Each keeps what says what it was. A shape is looked
 # for only in a text that holds one of its needles (lower-cased), a cheap test most texts (ids, event
 # names) fail: the filter runs on every record.
@@ -154,9 +159,7 @@ _SHAPES = (
     # Provider key formats: OpenAI and Anthropic (sk-...), Replicate (r8_...).
     (("sk-",), re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),
     (("r8_",), re.compile(r"\br8_[A-Za-z0-9]{16,}"), REDACTED),
-    # A report link's token (`/r/<signed token>`, jobs.reports.link_token): a bearer token to a buyer's
-    # report, in every mail a console backend prints (config.mail) and any line that quotes a link.
-    (("/r/",), re.compile(r"(/r/)[A-Za-z0-9_.:=-]{16,}"), r"\1" + REDACTED),
+    _REPORT_LINK,
     # A password inside a URL (postgres://user:password@host, redis://:password@host, smtp://...).
     (("@",), re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@]*:)[^\s/?#@]+@"), r"\1" + REDACTED + "@"),
     # A key in a header's or a query's words: `x-api-key: ...`, `?api_key=...`, `"password": "..."`.
@@ -175,6 +178,25 @@ def _is_secret_name(name: str) -> bool:
     name = name.upper()
     return (name.endswith(("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY")) or "PASSWORD" in name
             or name in ("SECRET_KEY", "AWS_SECRET_ACCESS_KEY"))
+
+
+# kombu's rendering of a broker URL (celery's banner, "Connected to redis://:**@host:6379/0"): `:**` stands
+# for the password whether or not there is one. The password itself is never in such a text.
+_KOMBU_MASKED_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://):\*\*@([^\s/?#:@\]]+|\[[^\s\]]*\])")
+
+
+def hosts_with_passwords(environ) -> set[str]:
+    """The hosts (lower-cased) of the environment's URLs that hold a password."""
+    found = set()
+    for value in environ.values():
+        if value and "://" in value:
+            try:
+                parts = urlsplit(value)
+                if parts.password and parts.hostname:
+                    found.add(parts.hostname.lower())
+            except ValueError:
+                continue
+    return found
 
 
 def secrets_from_environ(environ) -> set[str]:
@@ -202,10 +224,13 @@ class Redactor:
     # back in every line of a job. A pure function of the text, so a remembered answer is the answer.
     _REMEMBERED_LENGTH, _REMEMBERED_COUNT = 200, 4096
 
-    def __init__(self, secrets=()):
+    def __init__(self, secrets=(), hosts_with_passwords=(), *, report_links: bool = True):
+        """`report_links` False leaves report links as they are (the console mail with EMAIL_CONSOLE_LINKS)."""
+        self._shapes = tuple(shape for shape in _SHAPES if report_links or shape is not _REPORT_LINK)
         literal = sorted(set(secrets), key=len, reverse=True)  # the longest first: one may contain another
         self._literal = re.compile("|".join(map(re.escape, literal))) if literal else None
         self._remembered: dict[str, str] = {}
+        self._hosts_with_passwords = {host.lower() for host in hosts_with_passwords}
 
     def text(self, value: str) -> str:
         remembered = self._remembered.get(value)
@@ -222,10 +247,20 @@ class Redactor:
         if self._literal is not None:
             value = self._literal.sub(REDACTED, value)
         lowered = value.lower()
-        for needles, pattern, replacement in _SHAPES:
+        if ":**@" in value:
+            # kombu's mask: `[redacted]` where a URL of the environment for that host holds a password, and
+            # otherwise the URL as it is (a `redis://:[redacted]@` for a Redis with no password misled).
+            value = _KOMBU_MASKED_URL.sub(self._unmask, value)
+        for needles, pattern, replacement in self._shapes:
             if any(needle in lowered for needle in needles):
                 value = pattern.sub(replacement, value)
         return value
+
+    def _unmask(self, match: re.Match) -> str:
+        scheme, host = match.group(1), match.group(2)
+        if host.strip("[]").lower() in self._hosts_with_passwords:
+            return f"{scheme}:{REDACTED}@{host}"
+        return f"{scheme}{host}"
 
     def value(self, value):
         """A field's value with its strings redacted (inside lists and dicts too); other values as they are."""
@@ -245,10 +280,14 @@ class RedactFilter(logging.Filter):
 
     def __init__(self, name: str = "", environ=None):
         super().__init__(name)
-        self.redactor = Redactor(secrets_from_environ(os.environ if environ is None else environ))
+        environ = os.environ if environ is None else environ
+        found, hosts = secrets_from_environ(environ), hosts_with_passwords(environ)
+        self.redactor = Redactor(found, hosts)
+        # For a record that says `shows_report_links` (config.mail's console mail, when asked to).
+        self.showing_links = Redactor(found, hosts, report_links=False)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        redact = self.redactor
+        redact = self.showing_links if getattr(record, "shows_report_links", False) is True else self.redactor
         try:
             message = record.getMessage()
         except Exception:  # arguments that do not fit the message: keep both, as text

@@ -24,8 +24,11 @@ COUNTERS = {
     "sweeper_recoveries": ("what", ("stuck_job", "cancelled_attempt"),
                            "Things the sweeper woke: a stuck job resumed, a cancelled job's attempt still out ended."),
     "callbacks": ("outcome", ("rung", "duplicate", "ended", "early", "unknown_generation", "bad_signature",
-                              "not_configured", "invalid"),
+                              "not_configured", "invalid", "keys_unavailable"),
                   "Provider callbacks received, by what payonce answered (executor.callbacks)."),
+    "key_page_fetches": ("outcome", ("ok", "failed"),
+                         "Fetches of a provider's webhook key page (fal's JWKS), by outcome: at most one per 30 s "
+                         "per web process, whatever the outcome (executor.providers.fal_webhooks)."),
     "polls": ("outcome", ("running", "succeeded", "failed", "cancelled", "error"),
               "Polls of an accepted attempt, by what the provider said (error: the poll itself failed)."),
     "models_file": ("outcome", ("loaded", "rejected"),

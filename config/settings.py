@@ -34,7 +34,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "operators.adminsite.PayonceAdminConfig",  # django.contrib.admin, payonce's site (operators.adminsite)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -77,7 +77,11 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("ADMIN_LOGIN_LOCKOUT_S", 900, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# And ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT failures from one address, whatever the usernames, lock that address
+# out (config.logins.LoginFailures): unknown usernames, one per try, cost the hasher's CPU too.
+ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT = env_int("ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT", 20, minimum=1)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]  # this order: LoginFailures reads it
+AXES_HANDLER = "config.logins.LoginFailures"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "config.logins.locked_out"
 # The address is the connection's, as uvicorn gives it: uvicorn believes X-Forwarded-For only from the
@@ -185,7 +189,17 @@ JOB_BODY_MAX_BYTES = env_int("JOB_BODY_MAX_BYTES", 256 * 1024, minimum=1024)
 WEB_THREADS = env_int("WEB_THREADS", 2, minimum=1)
 REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 64 * 1024, minimum=1024)
 REQUEST_BODY_TIMEOUT_S = env_float("REQUEST_BODY_TIMEOUT_S", 10.0, minimum=0.1)
+# The longest /readyz takes (operators.probes): past it, a database or broker that has not answered is
+# not ready (503). Below a load balancer's or an orchestrator's own probe timeout.
+READYZ_TIMEOUT_S = env_float("READYZ_TIMEOUT_S", 2.0, minimum=0.1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = JOB_BODY_MAX_BYTES
+# What comes before a request, bounded by the web process's HTTP protocol (config.http): a request line
+# and headers over WEB_MAX_HEADER_BYTES are `431` at once, a header block not complete within
+# WEB_HEADER_TIMEOUT_S of its first byte closes the connection, and a process holds at most
+# WEB_MAX_CONNECTIONS connections (fewer if its fd limit leaves less room).
+WEB_MAX_HEADER_BYTES = env_int("WEB_MAX_HEADER_BYTES", 16 * 1024, minimum=1024)
+WEB_HEADER_TIMEOUT_S = env_float("WEB_HEADER_TIMEOUT_S", 10.0, minimum=0.1)
+WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 1000, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = max(JOB_BODY_MAX_BYTES, REQUEST_BODY_MAX_BYTES, 2_621_440)
 
 REST_FRAMEWORK = {
@@ -284,6 +298,8 @@ SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "")
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
 # fal signs its webhooks with ED25519 keys it publishes as a JWKS; they are read from here (cached).
 FAL_WEBHOOK_JWKS_URL = env_str("FAL_WEBHOOK_JWKS_URL", "https://rest.alpha.fal.ai/.well-known/jwks.json")
+# A fetch of that key page may happen on a request's thread (no keys yet): seconds, not PROVIDER_READ_TIMEOUT_S.
+FAL_WEBHOOK_JWKS_TIMEOUT_S = env_float("FAL_WEBHOOK_JWKS_TIMEOUT_S", 3.0, minimum=0.1)
 
 # Callables run just before every submit (executor.checks); a refusal fails the attempt unspent.
 PRE_SUBMIT_CHECKS = env_list("PRE_SUBMIT_CHECKS", "")
@@ -353,6 +369,8 @@ SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)
 # Mail: EMAIL_URL (console:// prints, smtp://host:port sends).
 EMAIL_URL = env_str("EMAIL_URL", "console://")
 globals().update(email_from_url(EMAIL_URL))
+# The console mail prints report links whole (development: `make run` turns it on); off, they are redacted.
+EMAIL_CONSOLE_LINKS = env_bool("EMAIL_CONSOLE_LINKS", False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "payonce <reports@payonce.localhost>")
 

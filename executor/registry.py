@@ -210,6 +210,13 @@ def _code_models() -> dict[str, ModelSpec]:
     return models
 
 
+def code_model_names() -> list[str]:
+    """Every model the code names: its own catalog and the rate card's priced models (a pattern such as
+    anthropic/claude-* takes any name; these are the ones the code knows a price of). The admin's Models
+    page lists them with the models file's and the admin's own."""
+    return sorted(set(_code_models()) | {name for name in rates.DEFAULTS if code_spec(name) is not None})
+
+
 def code_spec(name: str) -> ModelSpec | None:
     """The model as the code alone says it (no file, no admin: no database; safe at import time)."""
     return _code_models().get(name) or _pattern_spec(name)

@@ -123,6 +123,9 @@ CALLBACK_OPERATION = {
                 "content": _ERROR_REF},
         "413": {"description": "PAYLOAD_TOO_LARGE", "content": _ERROR_REF},
         "422": {"description": "INVALID_REQUEST: the callback names no generation", "content": _ERROR_REF},
+        "503": {"description": "CALLBACK_UNVERIFIED: fal's key page cannot be had now (the provider sends it "
+                               "again), or DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable (with "
+                               "Retry-After)", "content": _ERROR_REF},
     },
 }
 
@@ -169,7 +172,7 @@ def api_errors(result, generator, request, public):
       name each one;
     - every operation that reads the database may answer `503 DATABASE_UNAVAILABLE` with `Retry-After`
       (jobs.errors.api_exception_handler), which a client is to wait out and send again; the output's
-      own 503 (STORE_UNAVAILABLE) says both;
+      own 503 (STORE_UNAVAILABLE) is made to say both, and the callbacks' (CALLBACK_UNVERIFIED) does;
     - a redirect names its `Location`."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorCode"] = {"type": "string", "enum": list(ERROR_CODES),
@@ -183,7 +186,10 @@ def api_errors(result, generator, request, public):
             continue
         for operation in operations.values():
             responses = operation["responses"]
-            if "503" in responses:
+            if "503" in responses and "DATABASE_UNAVAILABLE" in responses["503"]["description"]:
+                # An operation's own 503 that says both already (the callbacks' CALLBACK_UNVERIFIED).
+                responses["503"]["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False}}
+            elif "503" in responses:
                 responses["503"]["description"] = ("STORE_UNAVAILABLE (the output store cannot be reached) or "
                                                    + DATABASE_UNAVAILABLE["description"])
                 responses["503"]["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False}}

@@ -90,7 +90,8 @@ def refuse_unheld_action(model_admin, request) -> None:
     page ("no action selected"): nothing is acted either way, and this answer says why."""
     action = request.POST.get("action") if request.method == "POST" else None
     if action and action not in model_admin.get_actions(request):
-        raise PermissionDenied
+        opts = model_admin.model._meta
+        raise PermissionDenied(f"You need the permission of the action {action!r} on {opts.verbose_name_plural}")
 
 
 def selection(request, action: str) -> tuple[bool, list[str], list[tuple[str, str]]]:

@@ -46,3 +46,13 @@ class OperatorAction(models.Model):
 
     def __str__(self):
         return f"{self.action} x{self.acted} by {self.who} at {self.started_at:%Y-%m-%d %H:%M}"
+
+
+class ReadinessMark(models.Model):
+    """The row /readyz writes to prove PostgreSQL accepts a write (operators.probes). A fixed number of
+    slots (probes.SLOTS), each `web` process writing the one its host and pid hash to: the table never
+    grows, whatever the number of processes over time, and probes of different processes rarely meet
+    on one row (and when they do, an autocommitted upsert holds its row lock for microseconds)."""
+
+    slot = models.PositiveSmallIntegerField(primary_key=True)
+    marked_at = models.DateTimeField()

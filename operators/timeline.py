@@ -34,15 +34,22 @@ class Entry:
     text: str = ""  # the provider's words, an error, a response body: shown in <pre>
     link: str = ""
     run: int = 1  # the run it belongs to: the page folds the timeline by run
+    # Where it falls among entries of the same instant: (its phase, its own number). A transaction's rows
+    # share one timestamp (PostgreSQL's now() is the transaction's start), so an attempt's end, its
+    # reservation's settle, the step's end, the output and the job's end are often equal to the microsecond,
+    # and the page showed them by table ("job ended" above the attempt that ended it; a run's tries newest
+    # first). Ties go by the order things happen in (PHASE), then by the entry's own number.
+    order: tuple[int, int, int] = (99, 0, 0)
 
 
 def job_timeline(job: Job, *, output_url: str = "", limit: int | None = SHOWN) -> tuple[list[Entry], bool]:
     """The entries in time order, and whether older ones were left out (`limit` rows a table at most)."""
     entries = [Entry(job.created_at, "job", f"created (run 1), {job.kind}", "info",
                      [("idempotency key", job.idempotency_key), ("models", " -> ".join(job.model_chain)),
-                      ("output key", job.output_key), ("metadata", job.metadata or "")])]
+                      ("output key", job.output_key), ("metadata", job.metadata or "")], order=_order("job created"))]
     if job.started_at:
-        entries.append(Entry(job.started_at, "job", f"run {job.run} started", "info", run=job.run))
+        entries.append(Entry(job.started_at, "job", f"run {job.run} started", "info", run=job.run,
+                             order=_order("job started", job.run)))
     reads = Reads(limit)
     entries += _steps(job, reads)
     attempts = reads.newest(Attempt.objects.filter(job_id=job.id).defer("request", "answer", "output_url")
@@ -52,18 +59,20 @@ def job_timeline(job: Job, *, output_url: str = "", limit: int | None = SHOWN) -
     if job.output and job.completed_at:
         entries.append(Entry(job.completed_at, "output", "output written", "ok",
                              [("key", job.output.get("key")), ("written by", job.output.get("written_by")),
-                              ("content type", job.output.get("content_type", ""))], link=output_url, run=job.run))
+                              ("content type", job.output.get("content_type", ""))], link=output_url, run=job.run,
+                             order=_order("output")))
     if job.completed_at:
         error = job.error or {}
         entries.append(Entry(job.completed_at, "job", f"ended {job.status}", _STATE.get(job.status, "info"),
                              [("code", error.get("code", ""))] if error else [], text=error.get("message", ""),
-                             run=job.run))
+                             run=job.run, order=_order("job ended")))
     elif job.status == "waiting":
         error = job.error or {}
         entries.append(Entry(job.updated_at, "job", "waiting for a person", "wait",
-                             [("code", error.get("code", ""))], text=error.get("message", ""), run=job.run))
+                             [("code", error.get("code", ""))], text=error.get("message", ""), run=job.run,
+                             order=_order("job ended")))
     entries += _deliveries(job, reads)
-    entries.sort(key=lambda entry: (entry.at, _ORDER.get(entry.kind, 9)))
+    entries.sort(key=lambda entry: (entry.at, entry.order))
     if limit is not None and len(entries) > limit:
         return entries[-limit:], True
     return entries, reads.cut
@@ -86,7 +95,13 @@ class Reads:
 _STATE = {"succeeded": "ok", "failed": "bad", "cancelled": "bad", "uncertain": "wait", "waiting": "wait",
           "running": "info", "submitting": "info", "done": "ok", "delivered": "ok", "dead": "bad",
           "pending": "wait", "held": "wait", "settled": "ok", "released": "info"}
-_ORDER = {"job": 0, "step": 1, "reservation": 2, "attempt": 3, "output": 4, "delivery": 5, "try": 6}
+PHASE = {name: rank for rank, name in enumerate((
+    "job created", "job started", "step claimed", "reserved", "attempt intent", "attempt accepted", "attempt sent",
+    "attempt ended", "reservation resolved", "step finished", "output", "job ended", "delivery", "try"))}
+
+
+def _order(phase: str, number: int = 0, then: int = 0) -> tuple[int, int, int]:
+    return (PHASE[phase], number, then)
 
 
 def _steps(job: Job, reads: Reads) -> list[Entry]:
@@ -96,11 +111,16 @@ def _steps(job: Job, reads: Reads) -> list[Entry]:
                  ("lease until", step.lease_until or "—")]
         # `executions` above 1: the lease was claimed again, by a worker that took it over from a dead one
         # or by its own holder after a back-off or a poll (the logs' step.taken_over tells them apart).
-        entries.append(Entry(step.started_at, "step", f"step {step.name} claimed", "info", facts, run=step.run))
+        entries.append(Entry(step.started_at, "step", f"step {step.name} claimed", "info", facts, run=step.run,
+                             order=_order("step claimed", step.id)))
         if step.finished_at:
             entries.append(Entry(step.finished_at, "step", f"step {step.name} {step.status}",
                                  _STATE.get(step.status, "info"), [("run", step.run)],
-                                 text=_short(step.result) if step.status != "done" else "", run=step.run))
+                                 text=_short(step.result) if step.status != "done" else "", run=step.run,
+                                 # A step written done in the statement that claimed it (jobs.steps' marks,
+                                 # several in one statement) ends right after its own claim.
+                                 order=_order("step claimed", step.id, 1) if step.finished_at == step.started_at
+                                 else _order("step finished", step.id)))
     return entries
 
 
@@ -123,11 +143,12 @@ def _attempts(rows: list[Attempt]) -> list[Entry]:
     for attempt in rows:
         head = f"attempt {attempt.number} ({attempt.provider}/{attempt.model}, step {attempt.step}, run {attempt.run})"
         entries.append(Entry(attempt.created_at, "attempt", f"{head}: intent written", "info",
-                             [("upstream key", attempt.upstream_key)], run=attempt.run))
+                             [("upstream key", attempt.upstream_key)], run=attempt.run,
+                             order=_order("attempt intent", attempt.number)))
         if attempt.accepted_at:
             entries.append(Entry(attempt.accepted_at, "attempt", f"{head}: accepted", "info",
                                  [("upstream id", attempt.upstream_id or "—"), ("sends", attempt.sends)],
-                                 run=attempt.run))
+                                 run=attempt.run, order=_order("attempt accepted", attempt.number)))
         ended = attempt.finished_at or (attempt.submitted_at if attempt.state == "uncertain" else None)
         if ended or attempt.state in ("failed", "succeeded", "uncertain"):
             facts = [("upstream key", attempt.upstream_key), ("state", attempt.state), ("paid", attempt.paid),
@@ -139,10 +160,12 @@ def _attempts(rows: list[Attempt]) -> list[Entry]:
             if attempt.output_shown:
                 facts.append(("output", _output_fact(attempt.output_shown)))
             entries.append(Entry(ended or attempt.created_at, "attempt", f"{head}: {attempt.state}",
-                                 _STATE.get(attempt.state, "info"), facts, text=attempt.error or "", run=attempt.run))
+                                 _STATE.get(attempt.state, "info"), facts, text=attempt.error or "", run=attempt.run,
+                                 order=_order("attempt ended", attempt.number)))
         elif attempt.submitted_at:
             entries.append(Entry(attempt.submitted_at, "attempt", f"{head}: sent, {attempt.state}", "wait",
-                                 [("sends", attempt.sends)], run=attempt.run))
+                                 [("sends", attempt.sends)], run=attempt.run,
+                                 order=_order("attempt sent", attempt.number)))
     return entries
 
 
@@ -153,12 +176,12 @@ def _reservations(job: Job, attempts: list[Attempt], reads: Reads) -> list[Entry
     entries = []
     for row in reads.newest(Reservation.objects.filter(key__in=list(runs)), "-created_at", "-id"):
         entries.append(Entry(row.created_at, "reservation", f"reserved ${row.amount} ({row.kind}, {row.model})",
-                             "wait", [("key", row.key)], run=runs[row.key]))
+                             "wait", [("key", row.key)], run=runs[row.key], order=_order("reserved", row.id)))
         if row.resolved_at:
             spent = "unpriced, kept as spent" if row.unpriced else (f"${row.spent}" if row.spent is not None else "—")
             entries.append(Entry(row.resolved_at, "reservation", f"reservation {row.state}",
                                  _STATE.get(row.state, "info"), [("key", row.key), ("spent", spent)],
-                                 run=runs[row.key]))
+                                 run=runs[row.key], order=_order("reservation resolved", row.id)))
     return entries
 
 
@@ -169,7 +192,8 @@ def _deliveries(job: Job, reads: Reads) -> list[Entry]:
         entries.append(Entry(delivery.created_at, "delivery", f"event {delivery.event} (run {delivery.run})",
                              _STATE.get(delivery.status, "info"),
                              [("webhook-id", delivery.id), ("status", delivery.status), ("tries", delivery.attempts),
-                              ("url", delivery.url or "the client's endpoint")], run=delivery.run))
+                              ("url", delivery.url or "the client's endpoint")], run=delivery.run,
+                             order=_order("delivery")))
     runs = {delivery.id: delivery.run for delivery in deliveries}
     tries = reads.newest(DeliveryAttempt.objects.filter(delivery_id__in=list(runs)), "-attempted_at", "-id")
     for attempt in tries:
@@ -178,7 +202,8 @@ def _deliveries(job: Job, reads: Reads) -> list[Entry]:
                              "ok" if good else "bad",
                              [("url", attempt.url), ("status", attempt.status_code or "—"),
                               ("duration", f"{attempt.duration_ms} ms" if attempt.duration_ms is not None else "—")],
-                             text=attempt.error or attempt.response_body[:500], run=runs[attempt.delivery_id]))
+                             text=attempt.error or attempt.response_body[:500], run=runs[attempt.delivery_id],
+                             order=_order("try", attempt.id)))
     return entries
 
 

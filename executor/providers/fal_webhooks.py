@@ -10,22 +10,30 @@ fal callback without a cycle.
 import base64
 import hashlib
 import json
+import logging
+import math
+import threading
 import time
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.conf import settings
 
+from config.metrics import count
 from executor.providers import http, real
 from executor.providers.base import ErrorClass, ProviderError
+
+logger = logging.getLogger(__name__)
 
 WEBHOOK_TOLERANCE_S = 300.0
 # fal's guide caches its webhook keys for up to a day; an hour picks up a rotation sooner.
 JWKS_TTL_S = 3600.0
-# A refresh asked for sooner than this after the last fetch is served from the cache: a stream of forged
-# callbacks must not become a stream of fetches.
-JWKS_MIN_REFRESH_S = 60.0
+# No two fetches of the key page start closer than this, whatever the first came to (keys, an error
+# status, a timeout): a stream of forged callbacks, or of fal's genuine retries while its key page is
+# down, must not become a stream of fetches. A failure is thus "cached" this long.
+JWKS_MIN_INTERVAL_S = 30.0
 
 
 # -- webhooks --------------------------------------------------------------------------------------------
@@ -88,30 +96,109 @@ def _signed_by(key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
     return True
 
 
-# This process's copy of the webhook keys, per URL and replay mode: (fetched at, monotonic; the JWKS).
-# A dict's reads and writes are atomic; two threads that find it stale at once only fetch it twice.
-_jwks_cache: dict[tuple[str, bool], tuple[float, dict]] = {}
+@dataclass
+class _KeyPage:
+    """This process's knowledge of one key page (per URL and replay mode). Read and written under _lock."""
+
+    keys: dict | None = None  # the last good JWKS, kept through failed refreshes
+    fetched_at: float = -math.inf  # when `keys` was fetched (monotonic)
+    tried_at: float = -math.inf  # when the last fetch began, whatever it came to
+    failure: ProviderError | None = None  # what the last fetch came to, if it failed
+    fetching: bool = False  # a thread is fetching it now
+
+
+_lock = threading.Lock()
+_jwks_cache: dict[tuple[str, bool], _KeyPage] = {}
 
 
 def jwks(*, refresh: bool = False, replay: bool | None = None) -> dict:
     """fal's webhook keys, fetched from FAL_WEBHOOK_JWKS_URL (recorded ones with REAL_PROVIDERS off) and
-    kept JWKS_TTL_S. `refresh` fetches them again, no sooner than JWKS_MIN_REFRESH_S after the last fetch:
-    a signature no kept key verifies may be by a key fal published since. ProviderError when they cannot
-    be had."""
+    kept JWKS_TTL_S. `refresh`: a signature no kept key verifies may be by a key fal published since, so
+    fetch them again now. ProviderError when no keys can be had.
+
+    Bounded whatever the key page does (issue 38: forged callbacks during a key-page outage held every web
+    thread for PROVIDER_READ_TIMEOUT_S each, and each made a fetch):
+    - at most one fetch per JWKS_MIN_INTERVAL_S per page and process, whatever its outcome: inside it a
+      caller gets the kept keys, or, with none, the last failure at once;
+    - single flight: while one thread fetches, the others do not wait for it: they use the kept keys, or
+      with none are refused at once (the callback answers 503 CALLBACK_UNVERIFIED, the provider sends it
+      again, and the waiting step polls meanwhile);
+    - keys past their TTL are refreshed on a thread of their own while requests go on with them;
+    - a fetch on a request's thread (no keys yet, or `refresh`) waits FAL_WEBHOOK_JWKS_TIMEOUT_S at most,
+      not PROVIDER_READ_TIMEOUT_S: so one thread per process, for a few seconds, per interval."""
     url = settings.FAL_WEBHOOK_JWKS_URL
     replaying = real.replaying(replay)
-    cached = _jwks_cache.get((url, replaying))
-    if cached is not None:
-        age = time.monotonic() - cached[0]
-        if age < (JWKS_MIN_REFRESH_S if refresh else JWKS_TTL_S):
-            return cached[1]
+    now = time.monotonic()
+    with _lock:
+        page = _jwks_cache.setdefault((url, replaying), _KeyPage())
+        may_fetch = not page.fetching and now - page.tried_at >= JWKS_MIN_INTERVAL_S
+        if page.keys is not None and not refresh:
+            if now - page.fetched_at >= JWKS_TTL_S and may_fetch:
+                _begin(page, now)
+                threading.Thread(target=_refresh_quietly, args=(page, url, replaying), name="fal-jwks",
+                                 daemon=True).start()
+            return page.keys
+        if not may_fetch:
+            if page.keys is not None:
+                return page.keys
+            # A new error each time: the kept one, raised again and again, would grow its traceback.
+            raise ProviderError(ErrorClass.SERVER_ERROR, f"the JWKS at {url} is being fetched" if page.fetching
+                                else f"the JWKS at {url} could not be had {now - page.tried_at:.0f} s ago: "
+                                     f"{page.failure}")
+        _begin(page, now)
+        kept = page.keys
+    try:
+        return _fetch_into(page, url, replaying)
+    except ProviderError:
+        if kept is None:
+            raise
+        return kept  # a refresh that failed: the keys kept still verify what they verified
+
+
+def _refresh_quietly(page: _KeyPage, url: str, replaying: bool) -> None:
+    """A refresh of keys past their TTL, on a thread of its own: a failure is logged and kept (_fetch_into)."""
+    try:
+        _fetch_into(page, url, replaying)
+    except ProviderError:
+        pass
+
+
+def _begin(page: _KeyPage, now: float) -> None:
+    """Claim the page's one fetch (under _lock): nobody else starts one until it ends and the interval passes."""
+    page.fetching = True
+    page.tried_at = now
+
+
+def _fetch_into(page: _KeyPage, url: str, replaying: bool) -> dict:
+    """Fetch the key page the caller claimed (_begin), keep what it came to, and release the claim. The
+    keys; ProviderError (kept as the page's failure, the last good keys staying) when none could be had."""
+    try:
+        found = _fetch(url, replaying)
+    except ProviderError as exc:
+        with _lock:
+            page.failure, page.fetching = exc, False
+        count("key_page_fetches", outcome="failed")
+        logger.warning("fal's webhook keys could not be fetched (next try in %s s): %s", JWKS_MIN_INTERVAL_S, exc)
+        raise
+    except BaseException:
+        with _lock:
+            page.fetching = False
+        raise
+    with _lock:
+        page.keys, page.fetched_at, page.failure, page.fetching = found, time.monotonic(), None, False
+    count("key_page_fetches", outcome="ok")
+    return found
+
+
+def _fetch(url: str, replaying: bool) -> dict:
+    timeout = settings.FAL_WEBHOOK_JWKS_TIMEOUT_S
     parts = urlsplit(url)
-    response = real.send("GET", url, base_url=f"{parts.scheme}://{parts.netloc}", replay=replaying)
+    response = real.send("GET", url, base_url=f"{parts.scheme}://{parts.netloc}", replay=replaying,
+                         timeout=(timeout, timeout))
     if response.status_code >= 400:
         raise ProviderError(ErrorClass.SERVER_ERROR, f"the JWKS at {url} answered {response.status_code}",
                             status=response.status_code)
     found = http.json_answer(response)
     if not public_keys(found):
         raise ProviderError(ErrorClass.SERVER_ERROR, f"the JWKS at {url} holds no Ed25519 key")
-    _jwks_cache[(url, replaying)] = (time.monotonic(), found)
     return found

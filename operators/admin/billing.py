@@ -176,7 +176,7 @@ class BudgetMonthAdmin(admin.ModelAdmin):
         """/admin/billing/spend/ (_with_spend_page): ?month=YYYY-MM (default: this UTC month), ?client=<id>
         (default: every client)."""
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            raise PermissionDenied("You need billing.view_budgetmonth")
         try:
             month_text = _month_param(request.GET.get("month"))
         except OperationRefused as exc:

@@ -12,9 +12,13 @@ permission, and a reason; each change leaves an audit row with the price before 
 (operators.operations.price_set). Without the billing permission the price fields are shown, not edited.
 """
 
+from dataclasses import dataclass
+
 from django import forms
 from django.contrib import admin
+from django.urls import reverse
 from django.utils.html import format_html
+from urllib.parse import urlencode
 
 from billing import rates
 from billing.models import ModelPrice, PriceDrift, PriceUnit
@@ -77,6 +81,12 @@ class ModelConfigForm(forms.ModelForm):
             return data
         if self.price_editable and self.price_changed() and not (data.get("price_reason") or "").strip():
             self.add_error("price_reason", "A price change is audited: say why.")
+        if self.price_editable and data.get("price_override") and not _states_amount(data):
+            # billing.models' model_price_states_amount refuses the row too; this names the fields.
+            self.add_error("per_unit_usd", "An override states its price: $ per unit (or variants), input and "
+                           "output per million tokens, or free. To keep the models file's or the code's price, "
+                           "untick \"Override the price\".")
+            return data
         entry = {"enabled": data.get("enabled", True)}
         for field in ("provider", "kind", "content_type", "capabilities", "params"):
             if data.get(field) not in ("", None):
@@ -106,6 +116,12 @@ class ModelConfigForm(forms.ModelForm):
         return any(field in self.changed_data for field in ("price_override", *_PRICE_FIELDS))
 
 
+def _states_amount(data: dict) -> bool:
+    """Whether a price override states one (the same rule as ModelPrice's model_price_states_amount)."""
+    return bool(data.get("free") or data.get("per_unit_usd") is not None or data.get("variants")
+                or (data.get("input_per_mtok_usd") is not None and data.get("output_per_mtok_usd") is not None))
+
+
 def _as_file_price(data: dict) -> dict:
     """The form's price in the models file's shape (one validation for both)."""
     names = {"input_per_mtok_usd": "input", "output_per_mtok_usd": "output",
@@ -121,9 +137,103 @@ def _as_file_price(data: dict) -> dict:
     return price
 
 
+# --- every live model: the page's first table ------------------------------------------------------------
+#
+# A ModelConfig row is an operator's override, so the admin's own changelist showed only those ("0 models"
+# on a fresh install, where every model comes from the code or the models file). The page's first table
+# is every model the three layers name, read from them as a job's submit reads them (registry.model_spec,
+# rates.rate_for), not from rows written to make a list: a row per catalog model would itself be an
+# override (its `enabled` over the models file's). Django's list of the admin's own rows stays below it,
+# with its filters, search, delete and edit links.
+
+SOURCE_CODE, SOURCE_FILE, SOURCE_ADMIN = "code catalog", "models file", "admin override"
+
+
+@dataclass(frozen=True)
+class LiveModel:
+    name: str
+    provider: str
+    kind: str
+    sources: tuple[str, ...]  # the layers that state it, bottom first: the last one decides
+    enabled: bool | None  # None: no layer knows it (an override of a name nothing else names)
+    price: str
+    price_source: str
+    drift: str
+    url: str  # its admin row's page, or the add page with its name filled in
+
+    @property
+    def source(self) -> str:
+        return " + ".join(self.sources)
+
+
+def live_models(*, query: str = "", enabled: str = "", provider: str = "", kind: str = "") -> list[LiveModel]:
+    """Every model payonce knows, by name: the code's catalog, the models file's entries and the admin's rows
+    (models and price overrides), each with what the layers make of it now. Filtered as the page's list
+    filters ask (?q=, enabled__exact, provider__exact, kind__exact)."""
+    rows = {row.name: row for row in ModelConfig.objects.all()}
+    overrides = set(ModelPrice.objects.values_list("model", flat=True))
+    in_file, file_prices = registry.file_entries(), registry.file_prices()
+    code = set(registry.code_model_names())
+    names = sorted(code | set(in_file) | set(rows) | overrides)
+    if query:
+        names = [name for name in names if query.lower() in name.lower()]
+    drifts = {drift.model: drift for drift in PriceDrift.objects.filter(model__in=names)}
+    found = []
+    for name in names:
+        spec = registry.model_spec(name)
+        shape = spec or _shape(name, in_file.get(name), rows.get(name))
+        on = spec is not None if shape is not None else None
+        if (enabled and on != (enabled == "1")) or (provider and (shape and shape.provider) != provider) \
+                or (kind and (shape and shape.kind) != kind):
+            continue
+        sources = tuple(label for label, here in ((SOURCE_CODE, name in code), (SOURCE_FILE, name in in_file),
+                                                  (SOURCE_ADMIN, name in rows or name in overrides)) if here)
+        price_source = (SOURCE_ADMIN if name in overrides else SOURCE_FILE if name in file_prices
+                        else SOURCE_CODE if rates.rate_for(name).known else "none")
+        row = rows.get(name)
+        url = (reverse("admin:executor_modelconfig_change", args=[row.pk]) if row is not None
+               else reverse("admin:executor_modelconfig_add") + "?" + urlencode({"name": name}))
+        found.append(LiveModel(name, shape.provider if shape else name.partition("/")[0], shape.kind if shape else "—",
+                               sources, on, price_words(name), price_source,
+                               drift_words(drifts.get(name), short=True), url))
+    return found
+
+
+def _shape(name: str, file_entry: dict | None, row: ModelConfig | None) -> registry.ModelSpec | None:
+    """A disabled model's provider and kind: the layers read as if it were enabled (None: none knows it)."""
+    spec = registry.code_spec(name)
+    for entry in (file_entry, registry.row_entry(row) if row is not None else None):
+        if entry is None:
+            continue
+        try:
+            spec = registry.spec_from(name, {**entry, "enabled": True}, spec)
+        except ValueError:
+            pass  # refused where it was written; the page shows what the layers below say
+    return spec
+
+
+def price_words(name: str) -> str:
+    """A model's price as its jobs are reserved and charged now (billing.rates: the admin's override, else
+    the models file's price, else the code's)."""
+    rate = rates.rate_for(name)
+    if not rate.known:
+        return "unknown (penalty tier)"
+    if rate.free:
+        return "free"
+    if rate.priced_by_tokens:
+        return f"${rate.input} in / ${rate.output} out per Mtok"
+    per_unit = rate.per_unit
+    if per_unit is None and rate.variants:
+        per_unit = max(rate.variants["prices"].values())
+    if per_unit is None:
+        return "no unit price (penalty tier)"
+    return f"${per_unit} per {rate.unit or 'unit'}" + (" (at most)" if rate.variants else "")
+
+
 @admin.register(ModelConfig)
 class ModelConfigAdmin(admin.ModelAdmin):
     form = ModelConfigForm
+    change_list_template = "admin/executor/modelconfig/change_list.html"
     list_display = ("name", "enabled", "provider", "kind", "content_type", "price", "drift", "updated_at")
     list_filter = ("enabled", "provider", "kind")
     search_fields = ("name",)
@@ -143,14 +253,16 @@ class ModelConfigAdmin(admin.ModelAdmin):
 
     @admin.display(description="price")
     def price(self, row: ModelConfig) -> str:
-        rate = rates.rate_for(row.name)
-        if not rate.known:
-            return "unknown (penalty tier)"
-        if rate.free:
-            return "free"
-        if rate.priced_by_tokens:
-            return f"${rate.input} in / ${rate.output} out per Mtok"
-        return f"${rate.per_unit} per {rate.unit or 'unit'}" + (" (at most)" if rate.variants else "")
+        return price_words(row.name)
+
+    def changelist_view(self, request, extra_context=None):
+        params = request.GET
+        live = live_models(query=params.get("q", "").strip(), enabled=params.get("enabled__exact", ""),
+                           provider=params.get("provider__exact", ""), kind=params.get("kind__exact", ""))
+        return super().changelist_view(request, {**(extra_context or {}), **adminkit.WIDE_LIST, "title": "Models",
+                                                 "live_models": live,
+                                                 "filtered": any(params.get(name) for name in (
+                                                     "q", "enabled__exact", "provider__exact", "kind__exact"))})
 
     @admin.display(description="price drift")
     def drift(self, row: ModelConfig) -> str:

@@ -5,6 +5,8 @@ through a confirmation with a count preview and a required reason, and an audit 
 Big tables: the list never counts the whole table (CappedPaginator), sorts on an index (job_created,
 job_status_created) and searches by id, upstream key, idempotency key or metadata pair (jobs_search)."""
 
+import json
+
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -16,6 +18,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from rest_framework_api_key.admin import APIKeyModelAdmin
+from rest_framework_api_key.models import APIKey
 
 from executor.models import Attempt
 from executor.store import client_store
@@ -211,7 +214,7 @@ class JobAdmin(admin.ModelAdmin):
     def _refuse_unless_viewer(self, request):
         # Before any lookup: a staff user without view_job learns nothing, not even whether the id exists.
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            raise PermissionDenied("You need jobs.view_job")
 
     def changelist_view(self, request, extra_context=None):
         adminkit.refuse_unheld_action(self, request)
@@ -247,6 +250,7 @@ class JobAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/jobs/job/timeline.html", {
             **self.admin_site.each_context(request), "title": f"Job {job.id}", "job": job, "opts": Job._meta,
             "summary": summary, "report": report_facts(job),
+            "input_text": _json_shown(job.input), "metadata_text": _json_shown(job.metadata),
             "entries": entries, "runs": timeline_by_run(entries, summary), "older_left_out": older_left_out,
             "actions": [(reverse("admin:jobs_job_bulk", args=[action]) + one, verb)
                         for action, (verb, _, _) in BULK.items()
@@ -288,7 +292,8 @@ class JobAdmin(admin.ModelAdmin):
         if action not in BULK:
             raise Http404("No such action.")
         if not self.may(request, action):
-            raise PermissionDenied  # the preview (GET) as well as the act (POST): both need the permission
+            # the preview (GET) as well as the act (POST): both need the permission
+            raise PermissionDenied(f"You need jobs.view_job and {BULK[action][2]}")
         try:
             job_filter = bulk_filter_from_params(request.GET)
             jobs = job_filter.jobs()
@@ -350,6 +355,16 @@ _SKIPPED = {
 }
 
 
+# A job's input on its page: its prompt and parameters as the client sent them, cut past this many
+# characters (a report's input is a few kB; a prompt is bounded by the API's body limit anyway).
+INPUT_SHOWN = 20_000
+
+
+def _json_shown(value) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= INPUT_SHOWN else text[:INPUT_SHOWN] + f"\n… ({len(text)} characters in all)"
+
+
 def _output_key(job) -> str:
     """The store key of the job's output file; "" when it has none (a report's output is its link)."""
     return str(job.output.get("key") or "") if isinstance(job.output, dict) else ""
@@ -384,4 +399,11 @@ class ClientAdmin(admin.ModelAdmin):
 @admin.register(ClientAPIKey)
 class ClientAPIKeyAdmin(APIKeyModelAdmin):
     list_display = (*APIKeyModelAdmin.list_display, "client")
+
+
+# The library registers its own APIKey model's admin: a second "API keys" entry on the index, always
+# empty (every key payonce issues is a ClientAPIKey, above). Its app loads before this one, so it is
+# registered by the time this runs.
+if admin.site.is_registered(APIKey):
+    admin.site.unregister(APIKey)
 

@@ -94,7 +94,8 @@ class OrderAdmin(admin.ModelAdmin):
     def rerun_view(self, request, order_id):
         """One order's re-run: the confirmation, then the re-run once a reason is given."""
         if not self.has_rerun_permission(request):
-            raise PermissionDenied  # the confirmation page (GET) as well as the re-run (POST)
+            # the confirmation page (GET) as well as the re-run (POST)
+            raise PermissionDenied("You need orders.view_order and orders.rerun_order")
         order = Order.objects.filter(id=order_id).first()
         if order is None:
             raise Http404("No such order.")

@@ -19,6 +19,7 @@ from operators import adminkit, operations
 from webhooks.models import DeadLetter, Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
 from webhooks.services import endpoint_enable
 
+ERROR_TITLE = 2000  # characters of the last error in its cell's title (the whole on the dead letter's page)
 BODY_SHOWN = 500  # characters of a try's response body on the page (the row keeps up to 20 kB)
 NOTHING_PAID = ("a replay sends the stored envelope again under the same webhook-id (receivers dedupe on it); "
                 "no provider is called.")
@@ -89,8 +90,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
     """The deliveries that ran out of tries (only `dead` rows): who and what each was for, how it failed,
     its envelope and every try on its page, and replay, one, the selection or every match of the filter."""
 
-    list_display = ("webhook_id", "client_name", "job_link", "event", "tries", "last_status_code", "error_start",
-                    "created_at")
+    # One line a row on a 1366 px laptop screen (the status and the error were past its edge): the long
+    # values (the webhook-id, the client, the error) are clipped to their column, whole in their title and
+    # on the dead letter's own page; the job is its short id (adminkit's wide-list cells).
+    list_display = ("webhook_id", "client_name", "job_link", "event", "tries", "status_code", "error_start",
+                    "created")
     list_filter = ("event", ("client", admin.RelatedOnlyFieldListFilter))
     search_fields = ("id",)  # shows the search box; the search itself is _search (get_search_results)
     search_help_text = "A webhook-id (or its start) or a job id."
@@ -108,23 +112,33 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="webhook-id", ordering="id")
     def webhook_id(self, row):
-        return row.id
+        return adminkit.clipped(row.id)
 
     @admin.display(description="client", ordering="client__name")
     def client_name(self, row):
-        return row.client.name
+        return adminkit.client_cell(row.client)
 
     @admin.display(description="job")
     def job_link(self, row):
-        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[row.job_id]), row.job_id)
+        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[row.job_id]),
+                           adminkit.short_id(row.job_id))
 
     @admin.display(description="tries", ordering="attempts")
     def tries(self, row):
         return row.attempts
 
+    @admin.display(description="status", ordering="last_status_code")
+    def status_code(self, row):
+        """The HTTP status the receiver answered the last try with (none: no answer came)."""
+        return row.last_status_code
+
     @admin.display(description="last error")
     def error_start(self, row):
-        return row.last_error if len(row.last_error) <= 120 else row.last_error[:120] + "…"
+        return adminkit.clipped(row.last_error, title=row.last_error[:ERROR_TITLE]) if row.last_error else None
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, row):
+        return adminkit.compact_time(row.created_at)
 
     def has_add_permission(self, request):
         return False
@@ -144,7 +158,8 @@ class DeadLetterAdmin(admin.ModelAdmin):
         query = request.GET.urlencode()
         replay_all = (reverse("admin:webhooks_deadletter_replay_matching") + (f"?{query}" if query else "")
                       if self.has_replay_permission(request) else "")
-        return super().changelist_view(request, {**(extra_context or {}), "replay_matching_url": replay_all})
+        return super().changelist_view(request, {**(extra_context or {}), **adminkit.WIDE_LIST,
+                                                 "replay_matching_url": replay_all})
 
     # --- a dead letter's page ---------------------------------------------------------------------------
 
@@ -159,7 +174,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            raise PermissionDenied("You need webhooks.view_deadletter")
         letter = DeadLetter.objects.select_related("client").filter(pk=unquote(object_id)).first()
         if letter is None:
             raise Http404("No such delivery.")
@@ -178,7 +193,8 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def replay_one_view(self, request, object_id):
         if not self.has_replay_permission(request):
-            raise PermissionDenied  # the confirmation page (GET) as well as the replay (POST)
+            # the confirmation page (GET) as well as the replay (POST)
+            raise PermissionDenied("You need webhooks.view_deadletter and webhooks.replay_delivery")
         ident = unquote(object_id)
         if not Delivery.objects.filter(id=ident).exists():
             raise Http404("No such delivery.")
@@ -189,7 +205,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
     def replay_matching_view(self, request):
         """Every dead letter the list's filter and search match (its query string), not only one page."""
         if not self.has_replay_permission(request):
-            raise PermissionDenied
+            raise PermissionDenied("You need webhooks.view_deadletter and webhooks.replay_delivery")
         try:
             letters = self.get_changelist_instance(request).get_queryset(request)
         except IncorrectLookupParameters:

@@ -321,7 +321,9 @@ def test_an_unpriced_call_keeps_its_reservation_as_spent_and_shows_as_unpriced(l
     # that quotes nothing would be unpriced; here: an LLM model the card does not know, on the sandbox.
     client = Client.objects.get(id=api.client_id)
     job = job_of(client)
-    ModelPrice.objects.create(model="sandbox/llm", note="price unknown for this test")
+    # An override the form would refuse (written by hand): the card no longer knows the model. (An override
+    # with no amount at all is refused by the table: model_price_states_amount.)
+    ModelPrice.objects.create(model="sandbox/llm", variants={"not": "a table"}, note="price unknown for this test")
     rates.forget_overrides()
     result = llm.llm_call(job, step="chapter-a", model_name="sandbox/llm", system="s",
                                messages=[{"role": "user", "content": "hello"}], max_tokens=100)

@@ -342,3 +342,12 @@ def test_offline_a_retry_that_never_connected_and_the_error_classes():
         cls = payonce_client.ERROR_CLASSES[code]
         assert issubclass(cls, APIError) and cls.code_name == code and cls is not APIError
     assert payonce_client.errors.error_for_code("SOMETHING_NEW") is APIError
+
+
+def test_the_api_key_is_not_in_the_repr_of_a_client_or_of_its_parts():
+    key = "Ab3dE5gH." + "sEcReT" * 5 + "xy"
+    for client in (Payonce(base_url="http://127.0.0.1:8000/p", api_key=key),
+                   AsyncPayonce(base_url="http://127.0.0.1:8000/p", api_key=key)):
+        shown = [repr(client), str(client), repr(client._http), repr(client.jobs), repr(vars(client)), f"{client!r}"]
+        assert not [text for text in shown if "sEcReT" in text], shown
+        assert repr(client) == f"{type(client).__name__}(base_url='http://127.0.0.1:8000/p')"

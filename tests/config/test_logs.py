@@ -151,6 +151,21 @@ def test_secret_values_are_read_from_the_names_and_urls_of_the_environment():
                      "mail-pass%2Fword", "mail-pass/word", "callback-secret-value", "pg-password-value"}
 
 
+def test_a_broker_url_without_a_password_is_shown_as_it_is_and_one_with_a_password_is_redacted():
+    from kombu import Connection
+
+    environ = {**ENVIRON, "BROKER_URL": "redis://127.0.0.1:6379/3", "CACHE_URL": f"redis://:{PASSWORD}@cache:6379/0"}
+    # kombu renders `:**` for the password whether there is one or not (celery's "Connected to" line).
+    plain, secured = (Connection(url).as_uri() for url in (environ["BROKER_URL"], environ["CACHE_URL"]))
+    assert (plain, secured) == ("redis://:**@127.0.0.1:6379/3", "redis://:**@cache:6379/0")
+
+    line = render(record("Connected to %s, cache %s, raw %s and %s", (plain, secured, environ["BROKER_URL"],
+                                                                      environ["CACHE_URL"])), environ=environ)
+
+    assert line["event"] == ("Connected to redis://127.0.0.1:6379/3, cache redis://:[redacted]@cache:6379/0, "
+                             "raw redis://127.0.0.1:6379/3 and redis://:[redacted]@cache:6379/0")
+
+
 # --- every other event, from the services themselves ---------------------------------------------------------
 
 

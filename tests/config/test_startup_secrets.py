@@ -97,6 +97,40 @@ def test_the_console_mail_backend_prints_a_report_link_redacted(db, settings):
     assert link.split("/r/")[1] not in printed
 
 
+def test_with_email_console_links_the_console_mail_shows_the_link_and_still_redacts_other_secrets(db, settings):
+    import logging
+
+    from config.logs import RedactFilter
+
+    settings.PUBLIC_BASE_URL = "http://127.0.0.1:8000"
+    settings.EMAIL_CONSOLE_LINKS = True
+    link = report_link(uuid.uuid4())
+    api_key = "Ab3dE5gH." + "x" * 32  # the shape of a client's API key
+    mail = EmailMessage("Your report is ready", f"Read it here:\n\n{link}\n\nkey {api_key}\n", "a@example.com",
+                        ["b@example.com"])
+    stream = io.StringIO()
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    handler.addFilter(RedactFilter(environ={}))  # as settings.LOGGING's handlers do
+    logger = logging.getLogger("payonce.mail")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        ConsoleEmailBackend(stream=stream).send_messages([mail])
+        ConsoleEmailBackend().send_messages([mail])  # the log, through the redaction filter
+        logging.getLogger("payonce.other").addHandler(handler)
+        logging.getLogger("payonce.other").warning("a line quoting %s", link)  # elsewhere: still redacted
+    finally:
+        logger.removeHandler(handler)
+        logging.getLogger("payonce.other").removeHandler(handler)
+        logger.level = level
+
+    for printed in (stream.getvalue(), logged.getvalue().split("a line quoting")[0]):
+        assert link in printed, printed
+        assert api_key not in printed and "key [redacted]" in printed
+    assert link not in logged.getvalue().split("a line quoting")[1]
+
+
 def test_a_worker_with_console_mail_never_writes_a_report_link_into_its_log(jobs_worker, api, ledger):
     created = api.create(report_body(chapters=["sun", "moon"]), key="console-mail")
     assert created.status_code == 201, created.content

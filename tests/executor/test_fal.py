@@ -21,7 +21,10 @@ from executor.providers import fal_webhooks
 from executor.providers.fal import CAPABILITIES, FalProvider
 from executor.providers.fal_webhooks import verify_webhook
 from executor.providers.replay import FAL_REPLAY_MEDIA_PREFIX, REPLAY_PNG, fixture
-from tests.support.replay_server import DROP, ReplayServer
+import threading
+import time
+
+from tests.support.replay_server import DROP, Delayed, ReplayServer
 
 FLUX_DEV = "fal-ai/flux/dev"
 KLING = "fal-ai/kling-video/v2.5-turbo/pro/text-to-video"
@@ -517,6 +520,99 @@ def test_jwks_without_an_ed25519_key_is_an_error(settings, server):
 
     with pytest.raises(ProviderError):
         fal_webhooks.jwks()
+
+
+SERVER_ERROR = {"status": 500, "headers": {"content-type": "text/plain"}, "body": "down"}
+
+
+@pytest.fixture
+def key_page(settings, server):
+    settings.REAL_PROVIDERS = True
+    settings.FAL_WEBHOOK_JWKS_URL = f"{server.url}/.well-known/jwks.json"
+    return server
+
+
+def test_a_failed_key_page_is_kept_as_a_failure_no_second_fetch_within_the_interval(key_page):
+    key_page.script("GET", "/.well-known/jwks.json", SERVER_ERROR)  # a second fetch would be `unexpected`
+
+    for _ in range(20):  # a storm of forged callbacks, fal's key page answering 500
+        with pytest.raises(ProviderError):
+            fal_webhooks.jwks()
+        with pytest.raises(ProviderError):
+            fal_webhooks.jwks(refresh=True)
+
+    assert len(key_page.requests) == 1
+
+
+def test_the_key_page_is_fetched_again_once_the_interval_has_passed(key_page, monkeypatch):
+    key_page.script("GET", "/.well-known/jwks.json", SERVER_ERROR, "fal/jwks")
+    with pytest.raises(ProviderError):
+        fal_webhooks.jwks()
+    monkeypatch.setattr(fal_webhooks, "JWKS_MIN_INTERVAL_S", 0.0)
+
+    assert fal_webhooks.jwks() == body_of("fal/jwks")
+    assert len(key_page.requests) == 2
+
+
+def test_a_slow_key_page_is_given_up_after_its_own_short_timeout(key_page, settings):
+    settings.FAL_WEBHOOK_JWKS_TIMEOUT_S = 0.5
+    settings.PROVIDER_READ_TIMEOUT_S = 30.0  # not this one
+    key_page.script("GET", "/.well-known/jwks.json", Delayed(5, "fal/jwks"))
+
+    started = time.monotonic()
+    with pytest.raises(ProviderError):
+        fal_webhooks.jwks()
+    assert time.monotonic() - started < 2
+
+
+def test_while_one_thread_fetches_the_others_are_refused_at_once_not_made_to_wait(key_page):
+    key_page.script("GET", "/.well-known/jwks.json", Delayed(1.5, "fal/jwks"))
+    fetched = []
+    fetcher = threading.Thread(target=lambda: fetched.append(fal_webhooks.jwks()))
+    fetcher.start()
+    while not key_page.requests:  # the fetch is under way
+        time.sleep(0.01)
+
+    started = time.monotonic()
+    with pytest.raises(ProviderError):
+        fal_webhooks.jwks()
+    with pytest.raises(ProviderError):
+        fal_webhooks.jwks(refresh=True)
+    refused_in = time.monotonic() - started
+    fetcher.join()
+
+    assert refused_in < 0.2
+    assert fetched == [body_of("fal/jwks")] and len(key_page.requests) == 1
+    assert fal_webhooks.jwks() == body_of("fal/jwks")  # then kept
+
+
+def test_keys_past_their_ttl_are_served_while_a_thread_of_their_own_refreshes_them(key_page, monkeypatch):
+    rotated = {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": base64.urlsafe_b64encode(bytes(32)).decode()}]}
+    key_page.script("GET", "/.well-known/jwks.json", "fal/jwks", Delayed(1, result_with(**rotated)))
+    first = fal_webhooks.jwks()
+    monkeypatch.setattr(fal_webhooks, "JWKS_TTL_S", 0.0)
+    monkeypatch.setattr(fal_webhooks, "JWKS_MIN_INTERVAL_S", 0.0)
+
+    started = time.monotonic()
+    served = fal_webhooks.jwks()  # old: the refresh goes on elsewhere
+    served_in = time.monotonic() - started
+    monkeypatch.setattr(fal_webhooks, "JWKS_TTL_S", 3600.0)
+    deadline = time.monotonic() + 5
+    while fal_webhooks.jwks() != rotated and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    assert served == first == body_of("fal/jwks") and served_in < 0.2
+    assert fal_webhooks.jwks() == rotated
+    assert len(key_page.requests) == 2
+
+
+def test_a_refresh_that_fails_keeps_the_keys_it_had(key_page, monkeypatch):
+    key_page.script("GET", "/.well-known/jwks.json", "fal/jwks", SERVER_ERROR)
+    kept = fal_webhooks.jwks()
+    monkeypatch.setattr(fal_webhooks, "JWKS_MIN_INTERVAL_S", 0.0)
+
+    assert fal_webhooks.jwks(refresh=True) == kept  # a forged signature is then refused as 400, not 503
+    assert len(key_page.requests) == 2
 
 
 # -- replay: REAL_PROVIDERS off -----------------------------------------------------------------------

@@ -60,3 +60,24 @@ def test_docs_table_names_every_code():
     documented = set(re.findall(r"`([A-Z][A-Z_]+)`", "".join(code_cells)))
     assert set(errors.ERROR_CODES) - documented == set()
     assert documented - set(errors.ERROR_CODES) - OUTSIDE_THE_DOCUMENT == set()
+
+
+def test_every_answer_of_the_callbacks_endpoint_is_in_its_table_and_in_every_error_code_with_its_status():
+    answered = set()
+    for node in ast.walk(ast.parse((ROOT / "executor" / "callbacks.py").read_text())):
+        if isinstance(node, ast.Call) and _called(node) in ("Refused", "Answer") and len(node.args) >= 2:
+            status, code = node.args[0], node.args[1]
+            if isinstance(status, ast.Constant) and isinstance(code, ast.Constant):
+                answered.add((status.value, code.value))
+    assert (503, "CALLBACK_UNVERIFIED") in answered and (400, "CALLBACK_UNVERIFIED") in answered
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    callbacks = text.split("## Provider callbacks", 1)[1].split("\n## ", 1)[0]
+    every = text.split("## Every error code", 1)[1].split("\n## ", 1)[0]
+    for status, code in sorted(answered):
+        if not code.isupper():  # a status word (`rung`): the table shows its body
+            assert f'| `{status} {{"status": "{code}"}}` |' in callbacks, (status, code)
+            continue
+        assert f"| `{status} {code}` |" in callbacks, (status, code)
+        rows = [row.split("|") for row in every.splitlines() if row.startswith("| ")]
+        assert [row for row in rows if row[1].strip() == str(status) and f"`{code}`" in row[2]], (status, code)

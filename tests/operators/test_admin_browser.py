@@ -335,10 +335,47 @@ def operator_reads_every_page(page, url, ok, refused, order, ledger):
 
     page.goto(f"{url}/admin/webhooks/deadletter/")
     assert page.locator("#result_list tbody tr").count() == 3
+    # On the laptop's 1366 px the status and the error were past the screen's edge: every column shows now,
+    # the error clipped to its column (whole in its title and on the dead letter's page).
+    assert_every_column_shows(page, ["webhook-id", "client", "job", "event", "tries", "status", "last error",
+                                     "created"])
+    for column in ("status_code", "error_start"):
+        for cell in (page.locator(f"#result_list th.column-{column}"),
+                     page.locator(f"#result_list td.field-{column}").first):
+            box = cell.bounding_box()
+            assert box and box["width"] > 0 and box["x"] + box["width"] <= LAPTOP["width"], (column, box)
+    error = page.locator("#result_list td.field-error_start .clip").first
+    assert error.inner_text() and error.get_attribute("title").startswith(error.inner_text().rstrip("…")[:20])
     shot(page, "08-dead-letters")
     page.locator("#result_list tbody tr th a").first.click()
     assert "generation." in page.locator("#content").inner_text()  # the stored envelope
     shot(page, "09-dead-letter")
+
+    operator_reads_the_models_page(page, url)
+
+
+def operator_reads_the_models_page(page, url):
+    """Every model the code names is listed (before: "0 models", the admin's own rows alone), each with its
+    provider, kind, source and price, on the laptop's screen without sideways scroll."""
+    from executor import registry
+
+    page.goto(f"{url}/admin/executor/modelconfig/")
+    rows = page.locator("[data-testid=live-models] tbody tr")
+    shown = rows.evaluate_all("rows => rows.map(r => ({name: r.dataset.model, source: r.dataset.source,"
+                              " cells: Array.from(r.cells).map(c => c.innerText.trim())}))")
+    names = {row["name"] for row in shown}
+    assert set(registry.code_model_names()) <= names, set(registry.code_model_names()) - names
+    for row in shown:
+        name, provider, kind, source, enabled, price, price_from, _ = row["cells"]
+        assert name == row["name"] and provider == name.split("/")[0] and kind in ("text", "image", "video"), row
+        assert source == row["source"] and "code catalog" in source and enabled == "yes", row
+        assert price.startswith(("$", "free")) and "None" not in price and price_from == "code catalog", row
+    video = next(row for row in shown if row["name"] == "sandbox/video-keyed")
+    assert video["cells"][5] == "$0.40 per render"
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"], "the page scrolls sideways"
+    table = page.locator("[data-testid=live-models]").bounding_box()
+    assert table["x"] + table["width"] <= LAPTOP["width"], table
+    shot(page, "10-models")
 
 
 def operator_replays_in_bulk(page, url, client_id):

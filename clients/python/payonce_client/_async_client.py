@@ -275,6 +275,9 @@ class AsyncPayonce:
     def base_url(self) -> str:
         return self._http.base_url
 
+    def __repr__(self) -> str:  # what a log line or a debugger shows: the base URL, never the API key
+        return f"AsyncPayonce(base_url={self.base_url!r})"
+
     async def spend(self, month: Union[str, date, None] = None) -> Spend:
         answer = await self._http.send("GET", "/v1/spend", params={"month": common.month_param(month)})
         return Spend.from_dict(answer.json())

@@ -315,6 +315,9 @@ class Payonce:
     def base_url(self) -> str:
         return self._http.base_url
 
+    def __repr__(self) -> str:  # what a log line or a debugger shows: the base URL, never the API key
+        return f"Payonce(base_url={self.base_url!r})"
+
     def spend(self, month: Union[str, date, None] = None) -> Spend:
         """One UTC month (``"YYYY-MM"`` or a date; default the current one) of your money against your cap."""
         return Spend.from_dict(self._http.send("GET", "/v1/spend", params={"month": common.month_param(month)}).json())

@@ -79,6 +79,9 @@ class _Base:
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self.max_retries = max(0, int(max_retries))
 
+    def __repr__(self) -> str:  # the base URL, never the key
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
     def same_origin(self, url: Union[str, httpx.URL]) -> bool:
         return origin(url) == origin(self.base_url)
 

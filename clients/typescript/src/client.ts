@@ -6,7 +6,7 @@ import {
   TooManyStreams,
   WaitTimeout,
 } from "./errors.js";
-import { type Answer, type Call, Transport, answerError, backoffMs, sleep } from "./http.js";
+import { type Answer, type Call, INSPECT, Transport, answerError, backoffMs, sleep } from "./http.js";
 import { EventStreamParser } from "./sse.js";
 import type {
   Job,
@@ -97,6 +97,16 @@ export class Payonce {
     this.http = new Transport({ baseUrl: options.baseUrl, apiKey, maxRetries, timeoutMs, fetch: doFetch });
     this.jobs = new Jobs(this.http);
     this.orders = new Orders(this.http);
+  }
+
+  /** What `JSON.stringify(client)` shows: the base URL, never the API key. */
+  toJSON(): { baseUrl: string } {
+    return { baseUrl: this.http.baseUrl };
+  }
+
+  /** What `console.log(client)` shows in Node: the base URL, never the API key. */
+  [INSPECT](): string {
+    return `Payonce { baseUrl: ${JSON.stringify(this.http.baseUrl)} }`;
   }
 
   /** GET /v1/spend: the month's cap, spent, reserved, headroom and unpriced attempts, by model. */

@@ -84,16 +84,35 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 
 class TimedOut extends Error {}
 
+/** Node's hook for `console.log` and `util.inspect` (a registered symbol: no Node import needed). */
+export const INSPECT = Symbol.for("nodejs.util.inspect.custom");
+
 export class Transport {
   readonly baseUrl: string;
   private readonly origin: string;
   private readonly prefix: string;
+  private readonly options: Omit<TransportOptions, "apiKey">;
+  // A private field, not a property: `console.log`, `JSON.stringify` and a debugger's object view of the
+  // client (which holds this transport) never show the key.
+  readonly #apiKey: string;
 
-  constructor(private readonly options: TransportOptions) {
+  constructor(options: TransportOptions) {
+    const { apiKey, ...rest } = options;
+    this.#apiKey = apiKey;
+    this.options = rest;
     const base = new URL(options.baseUrl);
     this.baseUrl = base.href.replace(/\/+$/, "");
     this.origin = base.origin;
     this.prefix = base.pathname.replace(/\/+$/, "");
+  }
+
+  /** What `JSON.stringify` shows: where it sends, never the key. */
+  toJSON(): { baseUrl: string } {
+    return { baseUrl: this.baseUrl };
+  }
+
+  [INSPECT](): string {
+    return `Transport { baseUrl: ${JSON.stringify(this.baseUrl)} }`;
   }
 
   get maxRetries(): number {
@@ -124,7 +143,7 @@ export class Transport {
     const url = this.urlOf(call.path);
     const sameOrigin = new URL(url).origin === this.origin;
     const headers: Record<string, string> = { Accept: "application/json", ...call.headers };
-    if (call.auth !== false && sameOrigin) headers.Authorization = `Bearer ${this.options.apiKey}`;
+    if (call.auth !== false && sameOrigin) headers.Authorization = `Bearer ${this.#apiKey}`;
     if (call.body !== undefined) headers["Content-Type"] = "application/json";
     let maybeActed = false;
 

@@ -1296,11 +1296,11 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request again after Retry-After: a create under the same Idempotency-Key gives the same job, whatever was committed. */
+            /** @description CALLBACK_UNVERIFIED: fal's key page cannot be had now (the provider sends it again), or DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable (with Retry-After) */
             503: {
                 headers: {
                     /** @description Seconds to wait before sending the same request again. */
-                    "Retry-After": number;
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
