@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: python install install-dev browser migrate run test test-quick bench fuzz-api chaos chaos-pinned clean
+.PHONY: python install install-dev browser pgbouncer migrate run test test-quick bench fuzz-api chaos chaos-pinned clean
 
 # One line, before pip fails deep inside a package that needs a newer Python (macOS's python3 is 3.9).
 python:
@@ -40,7 +40,7 @@ $(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package-lock.json
 
 install: $(BIN)/.installed
 
-install-dev: $(BIN)/.installed-dev browser $(TS_CLIENT)/node_modules/.installed
+install-dev: $(BIN)/.installed-dev browser pgbouncer $(TS_CLIENT)/node_modules/.installed
 
 # The browser tests drive an installed chromium through playwright, which never downloads one: CHROMIUM
 # names it, else the first of chromium, chromium-browser, google-chrome on PATH. Where none is found and
@@ -51,6 +51,15 @@ browser:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	  else $(BIN)/python -m tests.support.browser --found; true; fi
+
+# PgBouncer, for the tests of payonce behind one in transaction mode (tests/config/test_pgbouncer.py):
+# Debian's package when run as root; anywhere else this says how to get it, and those tests fail saying
+# the same.
+pgbouncer:
+	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer; \
+	  else echo "pgbouncer not found: tests/config/test_pgbouncer.py needs it (Debian, Ubuntu: apt-get install pgbouncer; macOS: brew install pgbouncer)"; fi
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput

@@ -94,15 +94,38 @@ def database_from_url(url: str) -> dict:
     for pair in filter(None, parts.query.split("&")):
         key, _, value = pair.partition("=")
         options[unquote(key)] = unquote(value)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    host, port = _hosts_and_ports(hosts)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or "",
-        "PORT": str(parts.port or ""),
+        "USER": unquote(user),
+        "PASSWORD": unquote(password),
+        "HOST": host,
+        "PORT": port,
         "OPTIONS": options,
     }
+
+
+def _hosts_and_ports(hosts: str) -> tuple[str, str]:
+    """`db1:5432,db2:5433` -> ("db1,db2", "5432,5433"): libpq's own multi-host form, which psycopg takes as
+    is. With `?target_session_attrs=read-write`, each connection tries the hosts in turn and keeps the one
+    that accepts writes: after a failover, the promoted standby (docs/operating.md, "PostgreSQL failover")."""
+    if not hosts:
+        return "", ""
+    names, ports = [], []
+    for item in hosts.split(","):
+        if item.startswith("["):  # [::1]:5432
+            name, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            name, _, port = item.partition(":")
+        if port and not port.isdigit():
+            raise ImproperlyConfigured(f"DATABASE_URL: port {port!r} is not a number")
+        names.append(unquote(name))
+        ports.append(port)
+    return ",".join(names), (",".join(ports) if any(ports) else "")
 
 
 def email_from_url(url: str) -> dict:

@@ -25,6 +25,10 @@ VAR_DIR = Path(env_str("PAYONCE_VAR_DIR", str(BASE_DIR / "var")))
 # Unset, the repository's development key: fine with DEBUG on; with DEBUG off every long-running process
 # refuses to start with it (config.startup), and `make run` generates one into var/secret_key.
 SECRET_KEY = env_str("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
+# Rotating SECRET_KEY (docs/operating.md, "Rotating secrets"): the previous keys, comma-separated, still
+# verify what they signed (mailed report links, admin sessions) while new signatures use SECRET_KEY. Drop
+# one once what it signed has expired (REPORT_LINK_MAX_AGE_S, the sessions' two weeks).
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", "")
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
@@ -115,13 +119,21 @@ if env_bool("DB_POOL", True):
     }
 else:
     _database["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0, minimum=0)
-# Server-side binding: parameters travel apart from the SQL, and psycopg prepares a statement the fifth
-# time a connection runs it, so PostgreSQL plans each hot statement once per connection, not per call, and
-# no parameter is quoted into the SQL in Python (a quarter of a media job's CPU in web and worker together,
-# bench/README.md, issue 26). Off behind a PgBouncer in transaction mode, where a prepared statement may
-# be missing on the next transaction's server connection.
+# Server-side binding: parameters travel apart from the SQL, and no parameter is quoted into the SQL in
+# Python (a quarter of a media job's CPU in web and worker together, bench/README.md, issue 26). Nothing is
+# prepared: Django leaves psycopg's prepare_threshold unset, so each statement is an unnamed one that lives
+# for its round trip, and this stays on behind a PgBouncer in transaction mode (tests/config/test_pgbouncer.py).
 if env_bool("DB_SERVER_SIDE_BINDING", True):
     _database["OPTIONS"]["server_side_binding"] = True
+# Django reads a QuerySet's .iterator() (the operators' bulk actions) through a named cursor, declared WITH
+# HOLD outside a transaction, so it outlives the transactions in between: session state, which a PgBouncer
+# in transaction mode does not keep (the next FETCH may reach another server connection). Off behind one:
+# the rows are read in one go instead.
+_database["DISABLE_SERVER_SIDE_CURSORS"] = not env_bool("DB_SERVER_SIDE_CURSORS", True)
+# A pooled connection that PostgreSQL dropped (a failover, a restart, a PgBouncer reload) fails the first
+# query it is lent to, and is then discarded. On: the pool checks each connection as it lends it (one
+# round trip), so a failover costs no request and no task a failed query.
+_database["CONN_HEALTH_CHECKS"] = env_bool("DB_HEALTH_CHECKS", False)
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
