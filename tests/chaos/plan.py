@@ -176,6 +176,7 @@ def catalog_events(seed: int, submit_s: float) -> list[Event]:
         Event(wrong, "models_file", {"valid": False}),  # right again once a process has refused it (storm)
         Event(disabled, "model_enabled", {"model": DISABLED_MODEL, "enabled": False}),
         Event(round(disabled + rng.uniform(3, 6), 3), "model_enabled", {"model": DISABLED_MODEL, "enabled": True}),
-        Event(round(rng.uniform(0.45, 0.55) * submit_s, 3), "price", {"model": LOWERED_MODEL,
+        # Early enough that most of that model's renders are still to come: each one out after it is seen drifts.
+        Event(round(rng.uniform(0.30, 0.40) * submit_s, 3), "price", {"model": LOWERED_MODEL,
                                                                        "per_unit": LOWERED_PRICE}),
     ]
