@@ -109,6 +109,8 @@ def _verify_fal(body: bytes, headers) -> tuple[str, str]:
     key verifies is tried once more against the keys fetched again (fal may have published a new one;
     the fetch is rate-limited there, so forged callbacks cannot make us fetch in a loop)."""
     try:
+        # Headers first: a forged callback missing them, or out of time, is refused without a key fetched.
+        fal_webhooks.signed_headers(headers)
         try:
             payload = fal_webhooks.verify_webhook(body, headers, jwks=fal_webhooks.jwks())
         except ValueError:

@@ -32,6 +32,10 @@ MODEL_ORDER = {
 
 
 class PayonceAdminSite(AdminSite):
+    site_header = "payonce admin"  # not "Django administration": the operator is in payonce's admin
+    site_title = "payonce admin"
+    index_title = "Jobs, money and deliveries"
+
     def admin_view(self, view, cacheable=False):
         """Every admin view (the site's and each ModelAdmin's own URLs go through here): a NUL byte is a
         400 page, and a refusal the admin's 403 page; the rest is Django's (login, csrf, no cache)."""

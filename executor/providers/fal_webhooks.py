@@ -39,11 +39,11 @@ JWKS_MIN_INTERVAL_S = 30.0
 # -- webhooks --------------------------------------------------------------------------------------------
 
 
-def verify_webhook(body: bytes, headers, *, jwks: dict, now: float | None = None) -> dict:
-    """The payload of a webhook fal signed, `{"request_id", "status": "OK" | "ERROR", "payload", "error"}`.
-    ValueError when a header is missing, the timestamp is more than WEBHOOK_TOLERANCE_S from `now`, no
-    Ed25519 key of `jwks` signed this very body, or the body names another request than the signed header.
-    The reason is for logs; a caller answers every refusal alike."""
+def signed_headers(headers, *, now: float | None = None) -> tuple[str, str, str, bytes]:
+    """The X-Fal-Webhook-* headers a signature covers (request id, user id, timestamp) and the signature's
+    bytes. ValueError when one is missing or malformed, or the timestamp is more than WEBHOOK_TOLERANCE_S
+    from `now`: checked before any key is needed, so a callback refused on its headers alone never makes
+    anyone fetch the key page."""
     given = {str(name).lower(): value for name, value in headers.items()}
     request_id, user_id, timestamp, signature = (
         given.get(f"x-fal-webhook-{name}") or "" for name in ("request-id", "user-id", "timestamp", "signature"))
@@ -56,6 +56,15 @@ def verify_webhook(body: bytes, headers, *, jwks: dict, now: float | None = None
         raise ValueError("the timestamp or the signature is malformed") from None
     if abs((time.time() if now is None else now) - sent_at) > WEBHOOK_TOLERANCE_S:
         raise ValueError("the timestamp is too old or in the future")
+    return request_id, user_id, timestamp, signed
+
+
+def verify_webhook(body: bytes, headers, *, jwks: dict, now: float | None = None) -> dict:
+    """The payload of a webhook fal signed, `{"request_id", "status": "OK" | "ERROR", "payload", "error"}`.
+    ValueError when a header is missing, the timestamp is more than WEBHOOK_TOLERANCE_S from `now`, no
+    Ed25519 key of `jwks` signed this very body, or the body names another request than the signed header.
+    The reason is for logs; a caller answers every refusal alike."""
+    request_id, user_id, timestamp, signed = signed_headers(headers, now=now)
     message = "\n".join((request_id, user_id, timestamp, hashlib.sha256(body).hexdigest())).encode()
     keys = public_keys(jwks)
     if not keys:

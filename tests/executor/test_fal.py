@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.test import Client
 
 from executor import callbacks
 from executor.providers import fal, real
@@ -685,3 +686,17 @@ def test_smoke_provider_refuses_a_media_provider_without_its_key(live, db, setti
     with pytest.raises(CommandError, match="FAL_KEY"):
         call_command("smoke_provider", "fal", FLUX_DEV, "--i-will-spend-money")
     assert live.requests == []
+
+
+@pytest.mark.django_db
+def test_a_callback_refused_on_its_headers_alone_fetches_no_key(key_page):
+    # A forged callback missing fal's headers, or signed too long ago, is refused before any key is needed:
+    # a storm of them during a key-page outage makes no fetch at all (nothing is scripted: a fetch would show).
+    stale = str(int(time.time()) - 3600)
+    for headers in ({}, {"X-Fal-Webhook-Request-Id": "r", "X-Fal-Webhook-User-Id": "u",
+                         "X-Fal-Webhook-Timestamp": stale, "X-Fal-Webhook-Signature": "00" * 64}):
+        answer = Client().post("/v1/callbacks/fal", data=b'{"request_id": "r"}', content_type="application/json",
+                               headers=headers)
+        assert answer.status_code == 400, answer.content
+        assert answer.json()["error"]["code"] == "CALLBACK_UNVERIFIED"
+    assert key_page.requests == []

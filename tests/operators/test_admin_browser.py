@@ -375,7 +375,7 @@ def operator_reads_the_models_page(page, url):
     assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"], "the page scrolls sideways"
     table = page.locator("[data-testid=live-models]").bounding_box()
     assert table["x"] + table["width"] <= LAPTOP["width"], table
-    shot(page, "10-models")
+    shot(page, "15-models")
 
 
 def operator_replays_in_bulk(page, url, client_id):

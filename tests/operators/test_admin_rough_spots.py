@@ -179,6 +179,7 @@ def test_the_index_lists_one_api_keys_entry_and_leads_with_what_operators_use(ad
     assert jobs_models[:2] == ["Job", "Client"]
     assert [model["object_name"] for model in apps[1]["models"]][0] == "DeadLetter"
     # In the page too, in that order: the Jobs app comes before any other app's table.
+    assert "payonce admin" in index and "Django administration" not in index
     assert index.index('class="app-jobs') < min(index.index(f'class="app-{label}') for label in ("auth", "orders"))
 
 
