@@ -1,7 +1,7 @@
 # payonce: `make run` brings up the whole stack, `make test` runs the whole suite. Both start from a clean
 # clone: they create .venv, install what they need and migrate (the database is created if missing).
 # `make run` installs only the stack (requirements.txt) and needs no root; `make test` adds the test
-# packages (requirements-dev.txt) and a chromium for the browser tests.
+# packages (requirements-dev.txt), a chromium for the browser tests and PgBouncer for the tests behind one.
 
 PYTHON ?= python3
 VENV   := .venv

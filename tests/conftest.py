@@ -104,7 +104,6 @@ def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
     with django_db_blocker.unblock():
         web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "TMPDIR": tmpdir}).start()
     web.tmpdir = tmpdir
-    web.url = f"http://127.0.0.1:{web.port}"
     yield web
     web.stop()
 

@@ -38,7 +38,6 @@ def start_web(django_db_blocker, wrap=None, **env) -> ProcfileProcess:
     with django_db_blocker.unblock():
         web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "SSE_MAX_S": 30,
                                       "WEB_HEADER_TIMEOUT_S": HEADER_TIMEOUT_S, **env}, wrap=wrap).start()
-    web.url = f"http://127.0.0.1:{web.port}"
     return web
 
 

@@ -84,7 +84,6 @@ def fuzz_web(transactional_db, sandbox):
     """A `web` process like the session's, whose event streams of open jobs close after 1 s instead of 8:
     with no worker up no fuzzed job ends, and schemathesis reads each stream it opens to its end."""
     web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "SSE_MAX_S": 1}).start()
-    web.url = f"http://127.0.0.1:{web.port}"
     yield web
     web.stop()
 

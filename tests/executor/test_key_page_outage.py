@@ -69,7 +69,6 @@ def outage(request, transactional_db, django_db_blocker):
     env = {**WEB_STACK_ENV, "PORT": free_port(), "REAL_PROVIDERS": 1, "FAL_KEY": "fal-key-id:fal-key-secret", "FAL_WEBHOOK_JWKS_URL": page.url,
            "WEB_CONCURRENCY": WEB_PROCESSES, "PROVIDER_READ_TIMEOUT_S": 30}
     web = ProcfileProcess("web", env).start()
-    web.url = f"http://127.0.0.1:{web.port}"
     web.page = page
     yield web
     web.stop()

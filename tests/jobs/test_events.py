@@ -316,7 +316,6 @@ def test_streams_beyond_a_clients_bound_are_429_while_reads_stay_fast_and_others
 def test_a_web_process_serves_at_most_its_own_bound_of_streams(transactional_db, sandbox):
     web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "WEB_CONCURRENCY": 1,
                                   "SSE_MAX_PER_PROCESS": 3}).start()
-    web.url = f"http://127.0.0.1:{web.port}"
     held = []
     try:
         clients = [open_job(web, f"viewer-{n}") for n in range(4)]

@@ -23,7 +23,6 @@ LIMIT, LOCKOUT_S = 3, 4
 def web(django_db_blocker):
     process = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "ADMIN_LOGIN_FAILURE_LIMIT": LIMIT,
                                       "ADMIN_LOGIN_LOCKOUT_S": LOCKOUT_S}).start()
-    process.url = f"http://127.0.0.1:{process.port}"
     yield process
     process.stop()
 
@@ -71,7 +70,6 @@ def web_with_address_limit(django_db_blocker):
     process = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "ADMIN_LOGIN_FAILURE_LIMIT": LIMIT,
                                       "ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT": ADDRESS_LIMIT,
                                       "ADMIN_LOGIN_LOCKOUT_S": 60}).start()
-    process.url = f"http://127.0.0.1:{process.port}"
     yield process
     process.stop()
 

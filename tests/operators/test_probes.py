@@ -58,7 +58,6 @@ def _web(django_db_blocker, **env) -> ProcfileProcess:
     with django_db_blocker.unblock():
         web = ProcfileProcess("web", {**WEB_STACK_ENV, "PORT": free_port(), "WEB_CONCURRENCY": 1,
                                       "READYZ_TIMEOUT_S": TIMEOUT_S, **env}).start()
-    web.url = f"http://127.0.0.1:{web.port}"
     return web
 
 

@@ -118,6 +118,11 @@ class ProcfileProcess:
     def port(self):
         return self.env.get("PORT", (self.base or {}).get("PORT"))
 
+    @property
+    def url(self) -> str:
+        """Where a `web` started on loopback with its own PORT answers."""
+        return f"http://127.0.0.1:{self.port}"
+
     def environment(self) -> dict:
         if self.base is None:
             return process_env(**self.env)
