@@ -1,6 +1,6 @@
 """payonce behind a real PgBouncer in transaction mode (docs/operating.md, "PgBouncer"): what needs session
-state, found by making PgBouncer hand a client's next statement to another server connection (a second
-client holds the first one in a transaction, and PgBouncer reuses the connection released last).
+state, found by making PgBouncer hand a client's next statement to another server connection (other clients
+hold the pool's connections in transactions, so the one left free is known).
 
 - server-side binding (DB_SERVER_SIDE_BINDING, on by default) needs none: Django keeps psycopg's prepared
   statements off, so no statement outlives its round trip;
@@ -76,9 +76,12 @@ max_client_conn = 50
 BOUND_STATEMENTS = """
     import psycopg
     from django.db import connection
-    other = psycopg.connect(host="127.0.0.1", port={port}, dbname="payonce", user="postgres")  # not autocommit
+    # Two other clients (not autocommit) each hold one of the pool's two server connections in turn, so the one
+    # left free for Django is fixed at every moment, whatever order PgBouncer hands idle connections out in.
+    first, second = (psycopg.connect(host="127.0.0.1", port={port}, dbname="payonce", user="postgres") for _ in range(2))
     servers = set()
     try:
+        first.execute("SELECT 1")  # holds one server connection: Django's statements 0 to 5 run on the other
         for i in range(12):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT %s::int + 1, pg_backend_pid(), (SELECT count(*) FROM pg_prepared_statements)", [i])
@@ -86,7 +89,8 @@ BOUND_STATEMENTS = """
             assert answer == i + 1 and prepared == 0, (answer, prepared)
             servers.add(server)
             if i == 5:
-                other.execute("SELECT 1")  # holds the server connection just released, in a transaction
+                second.execute("SELECT 1")  # takes the connection Django used (the only free one)
+                first.commit()  # and frees the first: Django's statements 6 to 11 run on it
         print("answered", len(servers), type(connection.cursor().cursor).__name__)
     except Exception as exc:
         print("failed", type(exc).__name__)
@@ -106,13 +110,15 @@ def test_server_side_binding_needs_no_session_state_behind_pgbouncer(pgbouncer):
 ITERATE = """
     import psycopg
     from jobs.models import Job
-    other = psycopg.connect(host="127.0.0.1", port={port}, dbname="payonce", user="postgres")  # not autocommit
+    first, second = (psycopg.connect(host="127.0.0.1", port={port}, dbname="payonce", user="postgres") for _ in range(2))
     read = 0
     try:
+        first.execute("SELECT 1")  # holds one server connection: the cursor lives on the other
         for job in Job.objects.order_by("id").iterator(chunk_size=1):
             read += 1
             if read == 1:
-                other.execute("SELECT 1")  # holds the server connection the cursor lives on, in a transaction
+                second.execute("SELECT 1")  # takes the connection the cursor lives on (the only free one)
+                first.commit()  # and frees the first: the next fetch runs there
         print("read", read)
     except Exception as exc:
         print("failed", type(exc).__name__, str(exc).splitlines()[0])
