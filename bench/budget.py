@@ -85,7 +85,8 @@ def main() -> None:
     from django.utils import timezone
 
     from billing.models import BudgetMonth, Reservation
-    from jobs.models import Client, Job
+    from accounts.models import Client
+    from jobs.models import Job
 
     client = Client.objects.create(name=f"bench-budget-{int(time.time())}", monthly_cap_usd=Decimal("999999"))
     job = Job.objects.create(id=uuid.uuid4(), client=client, idempotency_key="bench", request_hash="0" * 64,

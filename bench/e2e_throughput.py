@@ -151,7 +151,7 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
     from django.test.utils import CaptureQueriesContext
 
     from jobs import outcomes, runner, services
-    from jobs.models import ClientAPIKey
+    from accounts.models import ClientAPIKey
     from jobs.serializers import JobCreateSerializer
 
     prefix = credentials["api_key"].partition(".")[0]

@@ -74,7 +74,7 @@ class BudgetMonth(models.Model):
     `spent`. So `spent + reserved` here is never less than the truth, and the truth (what GET /v1/spend
     shows) is these counters plus the unfolded reservations (billing.selectors.month_totals)."""
 
-    client = models.ForeignKey("jobs.Client", on_delete=models.PROTECT, related_name="budget_months")
+    client = models.ForeignKey("accounts.Client", on_delete=models.PROTECT, related_name="budget_months")
     month = models.DateField(help_text="The first day of the UTC month.")
     spent = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     reserved = models.DecimalField(max_digits=12, decimal_places=6, default=0)

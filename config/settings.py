@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "executor",
     "webhooks",
     "billing",
+    "accounts",  # the tenant: clients and their API keys, the floor every other app points down at
     "axes",  # admin login throttling (below)
 ]
 

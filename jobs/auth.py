@@ -5,7 +5,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from jobs.models import Client, ClientAPIKey
+from accounts.models import Client, ClientAPIKey
 
 _KEY_SQL = """
 SELECT k.id, k.hashed_key, k.expiry_date, c.id, c.name, c.monthly_cap_usd, c.created_at

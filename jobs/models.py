@@ -1,38 +1,13 @@
-"""Clients, their API keys, and jobs: the record of truth for what a client asked for and where it is."""
+"""Jobs, their steps and reports: the record of truth for what a client asked for and where it is. The client
+itself is the accounts app's (accounts.models), below this one."""
 
 import uuid
 
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
-from rest_framework_api_key.models import AbstractAPIKey
 
-
-class Client(models.Model):
-    """A team that submits jobs. Authenticated by `ClientAPIKey`; sees only its own jobs."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    name = models.CharField(max_length=200)
-    # The budget cap per month (billing reads it); null means BUDGET_MONTHLY_CAP_USD.
-    monthly_cap_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now, editable=False)
-
-    # A Client is what DRF's request.user is for API calls (jobs.auth).
-    is_authenticated = True
-    is_anonymous = False
-
-    def __str__(self):
-        return f"{self.name} ({self.id})"
-
-
-class ClientAPIKey(AbstractAPIKey):
-    """An API key, shown once and stored as a SHA-512 hash (djangorestframework-api-key)."""
-
-    client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="api_keys")
-
-    class Meta(AbstractAPIKey.Meta):
-        verbose_name = "client API key"
-        verbose_name_plural = "client API keys"
+from accounts.models import Client
 
 
 class JobStatus(models.TextChoices):

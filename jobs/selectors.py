@@ -6,8 +6,9 @@ from datetime import timedelta
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
+from accounts.models import Client
 from executor.selectors import UNPRICED_SQL, attempts_json_sql
-from jobs.models import ChapterStatus, Client, Job, JobStatus, Step, StepStatus
+from jobs.models import ChapterStatus, Job, JobStatus, Step, StepStatus
 
 
 def succeeded_output_keys(*, client_id, keys) -> set[str]:

@@ -12,6 +12,8 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from accounts import services as accounts
+from accounts.models import Client
 from billing import services as billing
 from config.logs import log_event
 from executor.callbacks import Wake
@@ -19,7 +21,7 @@ from executor.registry import model_spec
 from executor.selectors import attempts_json_sql, uncertain_upstream_keys
 from jobs import chain, selectors
 from jobs.errors import IdempotencyConflict, OutputKeyConflict
-from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus, StepStatus
+from jobs.models import OPEN_STATUSES, Job, JobStatus, StepStatus
 from jobs.serializers import job_as_dict
 from jobs.workflow import RECIPES
 from webhooks import services as webhooks
@@ -31,10 +33,12 @@ logger = logging.getLogger(__name__)
 
 
 def client_create(*, name: str, webhook_url: str = "", monthly_cap_usd: Decimal | None = None) -> dict:
-    """Create a client with one API key and a webhook signing secret. The key is returned only here."""
+    """Create a client with one API key and a webhook signing secret. The key is returned only here.
+
+    The client and its key are the accounts app's rows, its endpoint webhooks': accounts stands below
+    webhooks, so the two are joined here, above both, in one transaction."""
     with transaction.atomic():
-        client = Client.objects.create(name=name, monthly_cap_usd=monthly_cap_usd)
-        _, api_key = ClientAPIKey.objects.create_key(name=f"{name} key", client=client)
+        client, api_key = accounts.client_create(name=name, monthly_cap_usd=monthly_cap_usd)
         _, webhook_secret = webhooks.endpoint_create(client=client, url=webhook_url)
     return {"client_id": str(client.id), "api_key": api_key, "webhook_secret": webhook_secret}
 

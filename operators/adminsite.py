@@ -22,9 +22,10 @@ from django.template.response import TemplateResponse
 
 # The index's order: the apps operators open most, first (the rest keep Django's alphabetical order after
 # them); within an app, its models in this order, then the others.
-APP_ORDER = ("jobs", "webhooks", "executor", "billing", "orders", "operators")
+APP_ORDER = ("jobs", "accounts", "webhooks", "executor", "billing", "orders", "operators")
 MODEL_ORDER = {
-    "jobs": ("Job", "Client", "ClientAPIKey"),
+    "jobs": ("Job",),
+    "accounts": ("Client", "ClientAPIKey"),
     "webhooks": ("DeadLetter", "Delivery", "Endpoint"),
     "executor": ("ModelConfig",),
     "billing": ("PriceDrift", "BudgetMonth"),

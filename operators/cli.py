@@ -23,7 +23,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
-from jobs.models import Client, Job, JobStatus
+from accounts.models import Client
+from jobs.models import Job, JobStatus
 from jobs.selectors import job_snapshot
 from jobs.workflow import RECIPES
 from operators.models import OperatorAction, OperatorActionKind

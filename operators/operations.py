@@ -25,12 +25,13 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from accounts.models import Client
 from billing import months, rates
 from billing import services as billing
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 from executor.record import upstream_key_parts
 from jobs import reports
-from jobs.models import OPEN_STATUSES, ChapterStatus, Client, Job, JobKind, JobStatus, Report, ReportChapter
+from jobs.models import OPEN_STATUSES, ChapterStatus, Job, JobKind, JobStatus, Report, ReportChapter
 from jobs.services import job_cancel, job_retry
 from operators.models import OperatorAction, OperatorActionKind
 from webhooks.models import DeliveryStatus

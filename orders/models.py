@@ -23,7 +23,7 @@ class Order(models.Model):
     one report (a second payment for them is recorded as a duplicate and makes nothing)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    client = models.ForeignKey("jobs.Client", on_delete=models.PROTECT, related_name="orders")
+    client = models.ForeignKey("accounts.Client", on_delete=models.PROTECT, related_name="orders")
     payment_id = models.CharField(max_length=255)
     run_id = models.CharField(max_length=255)
     product = models.CharField(max_length=100)

@@ -7,7 +7,7 @@ from django.utils import timezone
 class Endpoint(models.Model):
     """Where a client's events go when a job names no `webhook_url` of its own."""
 
-    client = models.OneToOneField("jobs.Client", on_delete=models.CASCADE, related_name="webhook_endpoint")
+    client = models.OneToOneField("accounts.Client", on_delete=models.CASCADE, related_name="webhook_endpoint")
     url = models.CharField(max_length=2048, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     # A receiver that answers 410 Gone has said it wants nothing more: its deliveries wait (visible in
@@ -55,7 +55,7 @@ class Delivery(models.Model):
 
     id = models.CharField(primary_key=True, max_length=200)
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="deliveries")
-    client = models.ForeignKey("jobs.Client", on_delete=models.CASCADE, related_name="deliveries")
+    client = models.ForeignKey("accounts.Client", on_delete=models.CASCADE, related_name="deliveries")
     run = models.PositiveIntegerField()
     event = models.CharField(max_length=64)
     # The job's own webhook_url; empty means the client's endpoint URL as it is when the row is sent, so

@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from accounts.models import Client
 from billing.models import BudgetMonth, Reservation
 from billing.months import month_of, next_month
 from billing.selectors import (
@@ -25,7 +26,6 @@ from billing.selectors import (
     month_totals,
     spend_by_month,
 )
-from jobs.models import Client
 from operators.operations import OperationRefused, month_range
 from orders.selectors import orders_by_product
 

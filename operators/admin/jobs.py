@@ -17,13 +17,11 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
-from rest_framework_api_key.admin import APIKeyModelAdmin
-from rest_framework_api_key.models import APIKey
 
 from executor.models import Attempt
 from executor.store import client_store
 from jobs import reports, selectors
-from jobs.models import Client, ClientAPIKey, Job, JobKind, Report
+from jobs.models import Job, JobKind, Report
 from operators import adminkit, operations
 from operators.models import OperatorAction, OperatorActionKind
 from operators.operations import JobFilter, OperationRefused, month_range
@@ -388,22 +386,4 @@ class OperatorActionAdmin(adminkit.RecordAdmin, admin.ModelAdmin):
     readonly_fields = [f.name for f in OperatorAction._meta.fields]
     paginator = CappedPaginator
     show_full_result_count = False
-
-
-@admin.register(Client)
-class ClientAdmin(admin.ModelAdmin):
-    list_display = ("name", "id", "monthly_cap_usd", "created_at")
-    search_fields = ("name", "id")
-
-
-@admin.register(ClientAPIKey)
-class ClientAPIKeyAdmin(APIKeyModelAdmin):
-    list_display = (*APIKeyModelAdmin.list_display, "client")
-
-
-# The library registers its own APIKey model's admin: a second "API keys" entry on the index, always
-# empty (every key payonce issues is a ClientAPIKey, above). Its app loads before this one, so it is
-# registered by the time this runs.
-if admin.site.is_registered(APIKey):
-    admin.site.unregister(APIKey)
 

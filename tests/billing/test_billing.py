@@ -13,6 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from accounts.models import Client
 from billing import months, rates, services
 from billing.models import BudgetMonth, ModelPrice, Reservation
 from billing.selectors import month_totals
@@ -21,7 +22,7 @@ from executor.models import Attempt
 from executor.providers import anthropic, openai_compat
 from executor.providers.sandbox import SandboxProvider
 from jobs import runner
-from jobs.models import Client, Job
+from jobs.models import Job
 from jobs.outcomes import Done, FanOut, JobFailure, Later, Resume, StepRetry, Stop
 from jobs.workflow import RECIPES, Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body

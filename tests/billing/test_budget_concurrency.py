@@ -17,9 +17,10 @@ import pytest
 import requests
 from django.utils import timezone
 
+from accounts.models import Client
 from billing.models import BudgetMonth, Reservation
 from billing.selectors import month_totals
-from jobs.models import Client, Job
+from jobs.models import Job
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
 from tests.support.http_api import HttpApi

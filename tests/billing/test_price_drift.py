@@ -16,11 +16,11 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connections
 
+from accounts.models import Client
 from billing import rates
 from billing.models import BudgetMonth, ModelPrice, PriceDrift, Reservation
 from billing.selectors import month_totals
 from executor.models import Attempt
-from jobs.models import Client
 from operators.metrics import REGISTRY
 from operators.models import OperatorAction
 from prometheus_client.exposition import generate_latest

@@ -11,12 +11,13 @@ database and store), OpenAI being a local server replaying its recorded answer
 import pytest
 from django.db import connection
 
+from accounts.models import Client
 from executor import services as executor
 from executor.models import STORED_OUTPUT, Attempt
 from executor.providers import http
 from executor.store import client_store
 from jobs import recipes, runner, services
-from jobs.models import Client, Job, JobStatus, Step
+from jobs.models import Job, JobStatus, Step
 from jobs.serializers import JobCreateSerializer
 from tests.executor.test_openai_images import PATH, PNG
 from tests.support.replay_server import ReplayServer

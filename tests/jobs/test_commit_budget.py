@@ -16,8 +16,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from accounts.models import Client, ClientAPIKey
 from jobs import outcomes, runner, services
-from jobs.models import Client, ClientAPIKey, JobStatus
+from jobs.models import JobStatus
 from jobs.serializers import JobCreateSerializer
 from tests.conftest import HOOK_URL
 from tests.executor.test_openai_images import PATH as OPENAI_IMAGES_PATH

@@ -9,7 +9,7 @@ from pathlib import Path
 from jobs import errors
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("config", "jobs", "orders", "executor", "webhooks", "billing")
+APPS = ("config", "jobs", "orders", "executor", "webhooks", "billing", "accounts")
 # Calls whose argument at this position is an answer's error code.
 CODE_ARGUMENT = {"error_body": 0, "_refuse": 2, "Refused": 1, "Answer": 1, "_error_response": 1}
 # Codes of routes outside the API document (/metrics), which it does not describe.

@@ -85,7 +85,7 @@ def test_no_or_bad_api_key_is_401(api, authorization):
 
 
 def test_revoked_key_is_401(api):
-    from jobs.models import ClientAPIKey
+    from accounts.models import ClientAPIKey
 
     ClientAPIKey.objects.filter(client_id=api.client_id).update(revoked=True)
     assert api.create(media_body()).status_code == 401

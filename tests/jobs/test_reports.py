@@ -240,7 +240,7 @@ def test_an_empty_answer_fails_its_chapter_and_the_report_is_not_sealed(api, led
 
 
 def test_a_budget_pre_flight_that_refuses_the_report_makes_no_chapter_call(api, ledger, settings):
-    from jobs.models import Client
+    from accounts.models import Client
 
     Client.objects.filter(id=api.client_id).update(monthly_cap_usd=Decimal("0.10"))
     job = report_job(api)

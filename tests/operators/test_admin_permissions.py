@@ -18,8 +18,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import transaction
 
+from accounts.models import Client
 from executor.store import client_store
-from jobs.models import Client, Job, JobStatus
+from jobs.models import Job, JobStatus
 from jobs.reports import report_load
 from jobs.services import client_create, job_create, job_finish
 from operators.models import OperatorAction

@@ -174,10 +174,10 @@ def test_the_index_lists_one_api_keys_entry_and_leads_with_what_operators_use(ad
     assert "/admin/rest_framework_api_key/" not in index
     request = admin_client.get("/admin/").wsgi_request
     apps = admin.site.get_app_list(request)
-    assert [app["app_label"] for app in apps][:4] == ["jobs", "webhooks", "executor", "billing"]
-    jobs_models = [model["object_name"] for model in apps[0]["models"]]
-    assert jobs_models[:2] == ["Job", "Client"]
-    assert [model["object_name"] for model in apps[1]["models"]][0] == "DeadLetter"
+    assert [app["app_label"] for app in apps][:5] == ["jobs", "accounts", "webhooks", "executor", "billing"]
+    assert [model["object_name"] for model in apps[0]["models"]][0] == "Job"
+    assert [model["object_name"] for model in apps[1]["models"]] == ["Client", "ClientAPIKey"]
+    assert [model["object_name"] for model in apps[2]["models"]][0] == "DeadLetter"
     # In the page too, in that order: the Jobs app comes before any other app's table.
     assert "payonce admin" in index and "Django administration" not in index
     assert index.index('class="app-jobs') < min(index.index(f'class="app-{label}') for label in ("auth", "orders"))

@@ -20,10 +20,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
+from accounts.models import Client
 from billing import services
 from billing.selectors import month_spend
 from executor.models import Attempt, AttemptState
-from jobs.models import Client, Job, JobStatus
+from jobs.models import Job, JobStatus
 from jobs.reports import report_load
 from jobs.services import client_create, job_create
 from operators.models import OperatorAction

@@ -18,11 +18,12 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from accounts.models import Client
 from billing import services as billing
 from billing.selectors import month_spend
 from executor.models import Attempt
 from jobs import reports, selectors
-from jobs.models import Client, Job, JobStatus
+from jobs.models import Job, JobStatus
 from jobs.services import client_create, job_finish
 from operators.models import OperatorAction
 from operators.operations import retry_worst_case

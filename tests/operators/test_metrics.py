@@ -19,13 +19,14 @@ from django.utils import timezone
 from kombu import Connection
 from prometheus_client.parser import text_string_to_metric_families
 
+from accounts.models import Client
 from billing.models import BudgetMonth
 from billing.months import month_of
 from billing.selectors import month_spend
 from config import metrics
 from config.celery import app
 from executor.models import Attempt
-from jobs.models import Client, Job, JobKind, JobStatus, Step, StepStatus
+from jobs.models import Job, JobKind, JobStatus, Step, StepStatus
 from jobs.services import client_create
 from operators import metrics as collector
 from tests.conftest import WEB_STACK_ENV, WEBHOOK_TEST_ENV, purge_queue

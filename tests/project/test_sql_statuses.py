@@ -12,7 +12,7 @@ from jobs.models import JobStatus, StepStatus
 from webhooks.models import DeliveryStatus
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("jobs", "executor", "webhooks", "billing", "config")
+APPS = ("jobs", "executor", "webhooks", "billing", "accounts", "config")
 CHOICES = (JobStatus, StepStatus, AttemptState, DeliveryStatus)
 STATUS_WORDS = {str(value) for choices in CHOICES for value in choices.values}
 SQL = re.compile(r"\b(SELECT|UPDATE|INSERT|DELETE)\b")

@@ -69,7 +69,7 @@ def test_every_request_verifies_with_standardwebhooks_and_tampering_fails(webhoo
 
 
 def test_during_a_rotation_either_secret_verifies(webhooks_worker, api):
-    from jobs.models import Client
+    from accounts.models import Client
 
     new_secret = services.secret_rotate(client=Client.objects.get(id=api.client_id))
     with WebhookReceiver() as receiver:

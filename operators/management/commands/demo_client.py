@@ -10,7 +10,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from jobs.models import Client, ClientAPIKey
+from accounts.models import Client, ClientAPIKey
 from jobs.services import client_create
 
 

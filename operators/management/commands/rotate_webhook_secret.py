@@ -3,7 +3,7 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.models import Client
+from accounts.models import Client
 from webhooks.services import secret_rotate
 
 

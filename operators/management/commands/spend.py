@@ -4,9 +4,9 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from accounts.models import Client
 from billing.months import month_of, parse_month
 from billing.selectors import money, month_spend
-from jobs.models import Client
 from operators import cli
 
 

@@ -1,0 +1,18 @@
+"""State changes of clients and their API keys."""
+
+from decimal import Decimal
+
+from django.db import transaction
+
+from accounts.models import Client, ClientAPIKey
+
+
+def client_create(*, name: str, monthly_cap_usd: Decimal | None = None) -> tuple[Client, str]:
+    """Create a client with one API key. The key itself is returned only here (only its hash is kept).
+
+    A caller that adds rows of its own to the new client (jobs.services.client_create: the webhook
+    endpoint) wraps this in its transaction, so a client never exists without them."""
+    with transaction.atomic():
+        client = Client.objects.create(name=name, monthly_cap_usd=monthly_cap_usd)
+        _, api_key = ClientAPIKey.objects.create_key(name=f"{name} key", client=client)
+    return client, api_key

@@ -1,0 +1,27 @@
+# The client moved to the accounts app (accounts/migrations/0001_initial.py): an order's foreign key
+# points at it there. State only: its table is still jobs_client, so the constraint is unchanged.
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("accounts", "0001_initial"),
+        ("orders", "0002_order_table"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name="order",
+                    name="client",
+                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name="orders",
+                                            to="accounts.client"),
+                ),
+            ],
+            database_operations=[],
+        ),
+    ]
