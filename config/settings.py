@@ -294,8 +294,14 @@ POLL_MAX_INTERVAL_S = env_float("POLL_MAX_INTERVAL_S", 30.0, minimum=0.05)
 # With a callback expected, polls are only the fallback: their gaps start this many times longer.
 POLL_CALLBACK_FACTOR = env_float("POLL_CALLBACK_FACTOR", 4.0, minimum=1.0)
 PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_URL).rstrip("/")
-# Unset: the sandbox's own development default (executor.callbacks reads it from the sandbox), so the two agree.
-SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "")
+# Unset (or empty): the sandbox's own development default (sandbox/callbacks.py DEFAULT_SECRET), so the two
+# agree. Written out here rather than imported: the executor reads it from settings and imports nothing of the
+# sandbox; tests/project/test_architecture.py holds the two equal.
+SANDBOX_CALLBACK_SECRET = (env_str("SANDBOX_CALLBACK_SECRET", "")
+                           or "whsec_c2FuZGJveC1jYWxsYmFjay1zZWNyZXQtZm9yLWRldmVsb3BtZW50")
+# The largest output the sandbox renders (sandbox/catalog.py MAX_SIZE_BYTES): the bound of its media models'
+# size_bytes parameter (executor.registry). A copy of the sandbox's constant, as the secret above.
+SANDBOX_MAX_SIZE_BYTES = 50 * 1024 * 1024
 REPLICATE_WEBHOOK_SECRET = env_str("REPLICATE_WEBHOOK_SECRET", "")
 # fal signs its webhooks with ED25519 keys it publishes as a JWKS; they are read from here (cached).
 FAL_WEBHOOK_JWKS_URL = env_str("FAL_WEBHOOK_JWKS_URL", "https://rest.alpha.fal.ai/.well-known/jwks.json")

@@ -31,7 +31,6 @@ from executor.models import AttemptState
 from executor.providers import fal_webhooks
 from executor.providers.base import ProviderError
 from executor.selectors import attempt_by_upstream_id
-from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_DEFAULT_SECRET
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,11 @@ _SECRETS = {"replicate": "REPLICATE_WEBHOOK_SECRET"}
 def secret_of(provider: str) -> str:
     """The provider's callback secret; "" takes no callbacks from it. The sandbox rings only while it is
     the configured provider (REAL_PROVIDERS off): its secret has a development default (the sandbox's
-    own, used when SANDBOX_CALLBACK_SECRET is unset), known to anyone who reads the repository, so with
-    real providers on a callback signed with it is refused (404) instead of waking waiting steps into
-    provider polls."""
+    own, SANDBOX_CALLBACK_SECRET's default in config.settings), known to anyone who reads the repository,
+    so with real providers on a callback signed with it is refused (404) instead of waking waiting steps
+    into provider polls."""
     if provider == "sandbox":
-        return "" if settings.REAL_PROVIDERS else settings.SANDBOX_CALLBACK_SECRET or SANDBOX_DEFAULT_SECRET
+        return "" if settings.REAL_PROVIDERS else settings.SANDBOX_CALLBACK_SECRET
     return getattr(settings, _SECRETS[provider], "") if provider in _SECRETS else ""
 
 

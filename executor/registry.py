@@ -36,7 +36,6 @@ from config.metrics import count
 from executor.models import ModelConfig, ModelKind
 from executor.providers import ADAPTERS, anthropic, fal, openai_compat, openai_images, real, replicate
 from executor.providers.base import CHEAP_LLM, Capabilities
-from sandbox import catalog as sandbox_catalog
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +83,16 @@ class Param:
 
 
 # The sandbox's media models take what its server reads of `params` (sandbox/server.py `_render_params`,
-# sandbox/state.py, sandbox/catalog.py), with the sandbox's own bounds; render_s keeps payonce's tighter
+# sandbox/state.py, sandbox/catalog.py), with the sandbox's own bounds (the size's is a setting,
+# SANDBOX_MAX_SIZE_BYTES, a copy of the sandbox's: the executor imports nothing of the sandbox, which
+# stands for a provider outside payonce); render_s keeps payonce's tighter
 # bound of an hour (the sandbox takes a day), the one the API has always had: a longer render would
 # outlast the default wait (WAIT_DEADLINE_S) and be paid for and given up.
 _SANDBOX_MEDIA_PARAMS = (
     Param("render_s", "number", minimum=0, maximum=3600),  # how long the render takes (default 1 s)
     Param("expected_s", "number", minimum=0, nullable=True),  # the duration it announces (null: none)
     Param("fail_render", "string"),  # the render fails with this message (paid: a failure script)
-    Param("size_bytes", "integer", minimum=0, maximum=sandbox_catalog.MAX_SIZE_BYTES),  # the output's size
+    Param("size_bytes", "integer", minimum=0, maximum=settings.SANDBOX_MAX_SIZE_BYTES),  # the output's size
 )
 
 
