@@ -12,7 +12,9 @@ def client_create(*, name: str, monthly_cap_usd: Decimal | None = None) -> tuple
 
     A caller that adds rows of its own to the new client (jobs.services.client_create: the webhook
     endpoint) wraps this in its transaction, so a client never exists without them."""
-    with transaction.atomic():
+    # No savepoint of its own inside a caller's transaction: a failure here fails the caller's whole, as
+    # it did when the caller wrote these rows itself (and it costs no SAVEPOINT statements).
+    with transaction.atomic(savepoint=False):
         client = Client.objects.create(name=name, monthly_cap_usd=monthly_cap_usd)
         _, api_key = ClientAPIKey.objects.create_key(name=f"{name} key", client=client)
     return client, api_key
