@@ -243,10 +243,10 @@ def tables_named(path: Path, source: str | None = None) -> list[tuple[int, str]]
 
 def reads_across(path: Path, source: str | None = None) -> list[str]:
     """Every table in the file's SQL owned by an app above or beside the file's own, as `file:line names
-    table (app's)`, unless listed in ALLOWED_CROSS_READS."""
+    table, a table of app`, unless listed in ALLOWED_CROSS_READS."""
     app, owners, where = app_of(path), table_owners(), str(path.relative_to(REPO_ROOT))
-    return [f"{where}:{line} names {table} ({owners[table]}'s)" for line, table in tables_named(path, source)
-            if not points_down(app, owners[table]) and (where, table) not in ALLOWED_CROSS_READS]
+    return [f"{where}:{line} names {table}, a table of {owners[table]}"
+            for line, table in tables_named(path, source) if not points_down(app, owners[table]) and (where, table) not in ALLOWED_CROSS_READS]
 
 
 def test_foreign_keys_point_down_the_stack():
@@ -275,14 +275,15 @@ def test_the_data_checks_find_a_key_a_migration_and_a_read_planted_up_the_stack(
     # As for imports: the checks above would pass on walks that found nothing. Each kind of fault planted.
     assert keys_up([("billing.Reservation.order", "orders.Order"), ("jobs.Job.client", "accounts.Client"),
                     ("executor.Attempt.job", "jobs.Job")]) == ["billing.Reservation.order -> orders.Order"]
-    assert migrations_up([("webhooks", "0007_planted", "executor"), ("webhooks", "0007_planted", "accounts"),
-                          ("webhooks", "0007_planted", "contenttypes")]) == ["webhooks.0007_planted depends on executor"]
+    planted_migration = [("webhooks", "0007_planted", "executor"), ("webhooks", "0007_planted", "accounts"),
+                         ("webhooks", "0007_planted", "contenttypes")]
+    assert migrations_up(planted_migration) == ["webhooks.0007_planted depends on executor"]
     billing = REPO_ROOT / "billing" / "services.py"
     planted = ('"""Reads jobs_job in its docstring: prose."""\n'
                'SQL = "SELECT 1 FROM jobs_job j JOIN jobs_client c ON c.id = j.client_id"\n'
                'def f(t):\n    return f"UPDATE executor_attempt SET x = 1 WHERE {t}"\n')
-    assert reads_across(billing, planted) == ["billing/services.py:2 names jobs_job (jobs's)",
-                                              "billing/services.py:4 names executor_attempt (executor's)"]
+    assert reads_across(billing, planted) == ["billing/services.py:2 names jobs_job, a table of jobs",
+                                              "billing/services.py:4 names executor_attempt, a table of executor"]
     # The same reads from the top of the stack are reads down it.
     assert reads_across(REPO_ROOT / "operators" / "operations.py", planted) == []
 
