@@ -246,7 +246,8 @@ def reads_across(path: Path, source: str | None = None) -> list[str]:
     table, a table of app`, unless listed in ALLOWED_CROSS_READS."""
     app, owners, where = app_of(path), table_owners(), str(path.relative_to(REPO_ROOT))
     return [f"{where}:{line} names {table}, a table of {owners[table]}"
-            for line, table in tables_named(path, source) if not points_down(app, owners[table]) and (where, table) not in ALLOWED_CROSS_READS]
+            for line, table in tables_named(path, source)
+            if not points_down(app, owners[table]) and (where, table) not in ALLOWED_CROSS_READS]
 
 
 def test_foreign_keys_point_down_the_stack():
