@@ -24,7 +24,8 @@ from executor.models import Attempt
 from executor.store import client_store
 from jobs import reports, selectors
 from jobs.models import Client, ClientAPIKey, Job, JobKind, Report
-from operators import actions, adminkit, operations
+from operators import adminkit, operations
+from operators.actions import JOBS
 from operators.models import OperatorAction
 from operators.operations import JobFilter, OperationRefused, month_range
 from operators.timeline import SHOWN, job_summary, job_timeline, report_facts, timeline_by_run
@@ -151,7 +152,7 @@ class JobAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     ordering = ("-created_at", "-id")
     paginator = CappedPaginator
     show_full_result_count = False
-    offered_on = actions.JOBS  # its actions, list and bulk and buttons: operators.actions (ActionAdmin)
+    offered_on = JOBS  # its actions, list and bulk and buttons: operators.actions (ActionAdmin)
     change_list_template = "admin/jobs/job/change_list.html"
 
     # --- the list ---------------------------------------------------------------------------------------

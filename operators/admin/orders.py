@@ -8,7 +8,8 @@ from django.utils.html import format_html
 
 from billing.selectors import money
 from jobs.models import Job
-from operators import actions, adminkit
+from operators import adminkit
+from operators.actions import BY_NAME, ORDERS
 from orders.models import Order
 from orders.selectors import orders_with_cost
 
@@ -28,7 +29,7 @@ class OrderAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     list_select_related = ("client", "job")
     date_hierarchy = "created_at"  # the spend page links each product's orders of a month
     readonly_fields = [f.name for f in Order._meta.fields] + ["cost_usd", "unpriced_attempts"]
-    offered_on = actions.ORDERS  # the re-run: operators.actions (ActionAdmin)
+    offered_on = ORDERS  # the re-run: operators.actions (ActionAdmin)
     change_form_template = "admin/orders/order/change_form.html"
 
     def get_queryset(self, request):
@@ -104,4 +105,4 @@ class OrderAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
                                        back=request.get_full_path())
 
 
-RERUN = actions.BY_NAME["rerun"]  # an order's page offers it alone, beside the list's action
+RERUN = BY_NAME["rerun"]  # an order's page offers it alone, beside the list's action

@@ -15,7 +15,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from operators import actions, adminkit
+from operators import adminkit
+from operators.actions import BY_NAME, DEAD_LETTERS, DELIVERIES
 from webhooks.models import DeadLetter, Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
 from webhooks.services import endpoint_enable
 
@@ -58,7 +59,7 @@ class DeliveryAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     search_fields = ("id", "job__id")
     readonly_fields = [f.name for f in Delivery._meta.fields]
     inlines = [DeliveryAttemptInline]
-    offered_on = actions.DELIVERIES  # the replay: operators.actions (ActionAdmin)
+    offered_on = DELIVERIES  # the replay: operators.actions (ActionAdmin)
 
     def act_on_selection(self, request, queryset, action):
         target, hidden = _selection(request, action.list_action, "deliveries")
@@ -84,7 +85,7 @@ class DeadLetterAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     search_help_text = "A webhook-id (or its start) or a job id."
     list_select_related = ("client",)
     ordering = ("-created_at", "-id")
-    offered_on = actions.DEAD_LETTERS  # the replay, one or many: operators.actions (ActionAdmin)
+    offered_on = DEAD_LETTERS  # the replay, one or many: operators.actions (ActionAdmin)
     change_list_template = "admin/webhooks/deadletter/change_list.html"
 
     def get_queryset(self, request):
@@ -202,7 +203,7 @@ class DeadLetterAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
                                        hidden=hidden, back=back, done_url=done)
 
 
-REPLAY_DEAD = actions.BY_NAME["replay_dead"]  # a dead letter's page and the list's "every match" offer it too
+REPLAY_DEAD = BY_NAME["replay_dead"]  # a dead letter's page and the list's "every match" offer it too
 
 
 def _pretty(envelope: str) -> str:
