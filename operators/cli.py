@@ -26,7 +26,7 @@ from django.utils.dateparse import parse_datetime
 from jobs.models import Client, Job, JobStatus
 from jobs.selectors import job_snapshot
 from jobs.workflow import RECIPES
-from operators.actions import BY_NAME, Action
+from operators.actions import ACTIONS, BY_NAME, Action
 from operators.models import OperatorAction
 from operators.operations import JobFilter, OperationRefused, Preview, action_preview, action_take, client_ids
 
@@ -46,7 +46,8 @@ def refused(message: str) -> CommandError:
 # being able to retry them); the CLI cannot: whoever runs manage.py on the machine holds the database's
 # credentials and so could do anything. Give people who should hold only some actions the admin.
 FOR_WHOM = ("For the machine's operators: whoever can run manage.py here holds the database's credentials, so "
-            "the admin's per-action permissions (view_job, cancel_job, retry_job, rerun_order, replay_delivery) "
+            "the admin's per-action permissions (view_job, "
+            f"{', '.join(dict.fromkeys(action.permission.split('.')[1] for action in ACTIONS))}) "
             "do not apply. Give a person who may only read, or may not pay again, an admin account instead.")
 
 

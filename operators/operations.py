@@ -172,14 +172,10 @@ def action_preview(action: Action, *, rows: QuerySet, target: str) -> Preview:
 
 def preview_jobs(*, action: str, jobs: QuerySet, target: str) -> Preview:
     """action_preview() of the job action named `action` (operators.actions: cancel, retry, replay, rerun)."""
-    return action_preview(action_named(action, rows=Job), rows=jobs, target=target)
-
-
-def action_named(name: str, *, rows=None) -> Action:
-    action = BY_NAME.get(name)
-    if action is None or (rows is not None and action.rows is not rows):
-        raise OperationRefused(f"unknown action {name!r}")
-    return action
+    chosen = BY_NAME.get(action)
+    if chosen is None or chosen.rows is not Job:
+        raise OperationRefused(f"unknown action {action!r}")
+    return action_preview(chosen, rows=jobs, target=target)
 
 
 def retry_worst_case(job: Job) -> Decimal:
