@@ -71,12 +71,16 @@ class Action:
         return self.statuses is None or row.status in self.statuses
 
     def done_words(self, entry) -> str:
-        return self.done.format(acted=entry.acted, matched=entry.matched, jobs="job" if entry.matched == 1 else "jobs")
+        """`done` for its audit row `entry`."""
+        return self.done.format(acted=entry.acted, matched=entry.matched,
+                                jobs="job" if entry.matched == 1 else "jobs")
 
     def said_words(self, entry) -> str:
+        """`said` for its audit row `entry`."""
         skipped = entry.matched - entry.acted
-        return self.said.format(display=entry.get_action_display(), acted=entry.acted, matched=entry.matched,
-                                skipped=f" ({skipped} skipped: not in a state this action changes)" if skipped > 0 else "")
+        return self.said.format(
+            display=entry.get_action_display(), acted=entry.acted, matched=entry.matched,
+            skipped=f" ({skipped} skipped: not in a state this action changes)" if skipped > 0 else "")
 
 
 # --- the services, as `each` calls them ---------------------------------------------------------------
@@ -104,8 +108,8 @@ def themselves(deliveries: QuerySet) -> QuerySet:
 
 # What job_retry's conditional update accepts: a retry or a re-run changes only these.
 RETRYABLE = (JobStatus.FAILED, JobStatus.WAITING)
-REPLAY_PAYS_NOTHING = "a replay sends the stored envelope again under the same webhook-id (receivers dedupe on it); " \
-                      "no provider is called."
+REPLAY_PAYS_NOTHING = ("a replay sends the stored envelope again under the same webhook-id (receivers dedupe on "
+                       "it); no provider is called.")
 FILTER_HELP = "No filter at all is refused unless --all is given. --dry-run previews."
 
 ACTIONS = (

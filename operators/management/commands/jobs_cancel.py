@@ -1,4 +1,5 @@
-"""manage.py jobs_cancel: cancel every open job a filter matches (operators.actions' "cancel", as the admin's bulk cancel)."""
+"""manage.py jobs_cancel: cancel every open job a filter matches (operators.actions' "cancel", as the admin's
+bulk cancel)."""
 
 from operators.cli import JobActionCommand
 
