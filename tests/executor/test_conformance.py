@@ -37,7 +37,7 @@ Where the answers come from:
   provoked with its fault injection (`POST /control/faults`), and its ledger is the ground truth of what
   was paid: a case that says "unpaid" also finds no charge, a lost reply finds the one it made;
 - the real providers (Anthropic, OpenAI chat, Replicate, fal, OpenAI images) answer from their recorded
-  fixtures (executor/providers/fixtures/) replayed over real HTTP by tests.support.replay_server, with
+  fixtures (executor/providers/<package>/fixtures/) replayed over real HTTP by tests.support.replay_server, with
   REAL_PROVIDERS on and every adapter pointed at it, as tests/executor/test_adapters.py does;
 - case 11 reads the request each adapter sent, so there a ReplayServer stands in for every provider, the
   sandbox included (its process keeps no request bodies).
@@ -66,8 +66,11 @@ from standardwebhooks.webhooks import Webhook
 
 from billing import rates
 from executor import callbacks, registry
-from executor.providers import fal, fal_webhooks, openai_images, real
-from executor.providers.anthropic import AnthropicProvider
+from executor.providers import real
+from executor.providers.fal import adapter as fal
+from executor.providers.fal import webhooks as fal_webhooks
+from executor.providers.openai_images import adapter as openai_images
+from executor.providers.anthropic.adapter import AnthropicProvider
 from executor.providers.base import (
     Capabilities,
     Completion,
@@ -77,12 +80,12 @@ from executor.providers.base import (
     Usage,
     classify_http_error,
 )
-from executor.providers.fal import FalProvider
+from executor.providers.fal.adapter import FalProvider
 from executor.providers.openai_compat import OpenAICompatibleProvider
-from executor.providers.openai_images import OpenAIImagesProvider
-from executor.providers.replay import FIXTURES_DIR, fixture
-from executor.providers.replicate import ReplicateProvider
-from executor.providers.sandbox import SandboxProvider
+from executor.providers.openai_images.adapter import OpenAIImagesProvider
+from executor.providers.replay import fixture, fixtures_dir
+from executor.providers.replicate.adapter import ReplicateProvider
+from executor.providers.sandbox.adapter import SandboxProvider
 from sandbox import callbacks as sandbox_callbacks
 from sandbox.server import FAULT_ACTIONS
 from tests.support.replay_server import DROP, ReplayServer
@@ -99,7 +102,7 @@ MESSAGES = [{"role": "user", "content": "Write chapter 1"}]
 # The recorded answers' ids.
 ANTHROPIC_MESSAGE_ID = "msg_01Hk9zQyR3bVnE8sPjGx4fT2"  # anthropic/message
 OPENAI_COMPLETION_ID = "chatcmpl-BqR2xKcV8nZ3pLw0aJ5mYtE7uH1sD"  # openai/chat_completion
-OPENAI_IMAGE_REQUEST_ID = "req_5c1e9a7f3b2d4e6a8c0f1b3d5e7a9c2b"  # openai/images_generation's x-request-id
+OPENAI_IMAGE_REQUEST_ID = "req_5c1e9a7f3b2d4e6a8c0f1b3d5e7a9c2b"  # openai_images/images_generation's x-request-id
 PREDICTION_ID = "qxm7r9k2anrj00cmd5kb3ce1tc"  # replicate/prediction_*
 FAL_REQUEST_ID = "764cabcf-b745-4b3e-ae38-1200304cf45b"  # fal/submit_accepted
 FAL_REQUESTS = f"/fal-ai/flux/requests/{FAL_REQUEST_ID}"  # status, result and cancel: the app id, no /dev
@@ -205,8 +208,9 @@ class Profile:
     prices: tuple[PriceCase, ...] = ()
     params: dict = field(default_factory=dict)
     max_tokens: int = 8000
-    # The recorded error answers of the submit route (executor/providers/fixtures/<prefix><status>_*.json):
-    # every 5xx among them must be in `server_errors`. None: the sandbox, whose 5xx are its status_5xx faults.
+    # The recorded error answers of the submit route, named `<package>/<stem prefix>`
+    # (executor/providers/<package>/fixtures/<stem prefix><status>_*.json): every 5xx among them must be in
+    # `server_errors`. None: the sandbox, whose 5xx are its status_5xx faults.
     fixtures: str | None = None
     # Case 11's model and its submit route, when not the profile's: one whose request carries more of
     # payonce's fields (a Replicate model's version).
@@ -807,34 +811,34 @@ PROFILES = (
     ),
     Profile(
         id="openai-images",
-        fixtures="openai/images_error_",
+        fixtures="openai_images/images_error_",
         adapter=OpenAIImagesProvider,
         model="gpt-image-1",
         kind="media",
         backend="replay",
         route=("POST", "/v1/images/generations"),
-        accepted="openai/images_generation",
+        accepted="openai_images/images_generation",
         accepted_id=OPENAI_IMAGE_REQUEST_ID,
         refusals=(
-            Refusal("400-invalid-size", "openai/images_error_400_invalid_size", ErrorClass.INVALID_INPUT,
+            Refusal("400-invalid-size", "openai_images/images_error_400_invalid_size", ErrorClass.INVALID_INPUT,
                     "Invalid value: '1792x1024'"),
-            Refusal("400-content-policy", "openai/images_error_400_content_policy", ErrorClass.REFUSED,
+            Refusal("400-content-policy", "openai_images/images_error_400_content_policy", ErrorClass.REFUSED,
                     "rejected as a result of our safety system"),
-            Refusal("400-moderation-blocked", "openai/images_error_400_moderation_blocked", ErrorClass.REFUSED,
+            Refusal("400-moderation-blocked", "openai_images/images_error_400_moderation_blocked", ErrorClass.REFUSED,
                     "rejected by the safety system"),
         ),
-        rate_limit=RateLimit("openai/images_error_429_rate_limit", 12.0),
-        server_errors={500: "openai/images_error_500_server", 503: "openai/images_error_503_overloaded"},
+        rate_limit=RateLimit("openai_images/images_error_429_rate_limit", 12.0),
+        server_errors={500: "openai_images/images_error_500_server", 503: "openai_images/images_error_503_overloaded"},
         lost=DROP,
         prices=(
             # gpt-image-1 bills tokens (openai.com/api/pricing, 2026-12-03): text input $5, image output $40 per
             # million. images_generation (medium, 1024x1024) reports 17 text input and 1,056 image output
             # tokens: 17 * 5 + 1,056 * 40 = 85 + 42,240 = 42,325 -> $0.042325 (the per-image table's $0.042
             # is those 1,056 tokens rounded, the prompt not counted).
-            PriceCase("gpt-image-1 medium 1024x1024", Decimal("0.042325"), submit="openai/images_generation",
+            PriceCase("gpt-image-1 medium 1024x1024", Decimal("0.042325"), submit="openai_images/images_generation",
                       params={"size": "1024x1024", "quality": "medium"}),
             # dall-e-3 bills per image, by quality and size: standard 1024x1024 is $0.04 (no tokens).
-            PriceCase("dall-e-3 standard 1024x1024", Decimal("0.040000"), submit="openai/images_generation_url",
+            PriceCase("dall-e-3 standard 1024x1024", Decimal("0.040000"), submit="openai_images/images_generation_url",
                       model="dall-e-3", params={"size": "1024x1024", "quality": "standard"}),
         ),
         params={"size": "1024x1024", "quality": "medium"},
@@ -1107,7 +1111,7 @@ def available_5xx(profile: Profile) -> set[int]:
     for status, answer in profile.server_errors.items():
         assert fixture(answer)["status"] == status, f"{profile.id}: {answer} does not answer {status}"
     directory, _, stem = profile.fixtures.partition("/")
-    return {fixture(f"{directory}/{path.stem}")["status"] for path in (FIXTURES_DIR / directory).glob(f"{stem}5*.json")}
+    return {fixture(f"{directory}/{path.stem}")["status"] for path in fixtures_dir(directory).glob(f"{stem}5*.json")}
 
 
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p.backend == "replay"], ids=lambda p: p.id)
