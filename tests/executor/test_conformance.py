@@ -184,16 +184,20 @@ class SandboxHarness:
         return self.process.ledger()["charges"]
 
 
+# Keys of each provider's own shape, where it has one, and the path a base URL setting carries (OpenAI's
+# ends in /v1); any other real provider gets a plain test key and the server's root.
+TEST_KEYS = {"ANTHROPIC_API_KEY": "sk-ant-test-key", "OPENAI_API_KEY": "sk-proj-test-key",
+             "REPLICATE_API_TOKEN": "r8_test_token", "FAL_KEY": "fal-key-id:fal-key-secret"}
+BASE_PATHS = {"OPENAI_BASE_URL": "/v1"}
+
+
 def point_real_providers_at(settings, url: str) -> None:
-    """Every real adapter's base URL at `url` (a ReplayServer), each with a key."""
-    settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
-    settings.ANTHROPIC_BASE_URL = url
-    settings.OPENAI_API_KEY = "sk-proj-test-key"
-    settings.OPENAI_BASE_URL = url + "/v1"
-    settings.REPLICATE_API_TOKEN = "r8_test_token"
-    settings.REPLICATE_BASE_URL = url
-    settings.FAL_KEY = "fal-key-id:fal-key-secret"
-    settings.FAL_BASE_URL = url
+    """Every real adapter's base URL at `url` (a ReplayServer), each with a key: every real provider of
+    PROVIDERS, by the settings its spec names."""
+    for spec in PROVIDERS:
+        if spec.real:
+            setattr(settings, spec.key_setting, TEST_KEYS.get(spec.key_setting, f"{spec.name}-test-key"))
+            setattr(settings, spec.base_url_setting, url + BASE_PATHS.get(spec.base_url_setting, ""))
 
 
 @pytest.fixture
