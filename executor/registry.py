@@ -35,7 +35,15 @@ from config.logs import log_event
 from config.metrics import count
 from executor.models import ModelConfig, ModelKind
 from executor.providers import ADAPTERS, PROVIDERS, real, spec_of
-from executor.providers.base import _CAPABILITY_FIELDS, CHEAP_LLM, Capabilities, ModelSpec, Param, job_kind_of  # noqa: F401 (ModelSpec, Param, job_kind_of: the registry's names too)
+# A model's spec and its parameters are the port's: a provider's folder declares its models with them.
+from executor.providers.base import (
+    CAPABILITY_FIELDS,
+    CHEAP_LLM,
+    Capabilities,
+    ModelSpec,
+    Param,
+    job_kind_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -190,9 +198,9 @@ def _number(value) -> bool:
 def _capabilities(base: Capabilities, stated: Mapping) -> Capabilities:
     if not isinstance(stated, Mapping):
         raise ValueError("capabilities is an object")
-    unknown = set(stated) - set(_CAPABILITY_FIELDS)
+    unknown = set(stated) - set(CAPABILITY_FIELDS)
     if unknown:
-        raise ValueError(f"unknown capabilities: {', '.join(sorted(unknown))} (known: {', '.join(_CAPABILITY_FIELDS)})")
+        raise ValueError(f"unknown capabilities: {', '.join(sorted(unknown))} (known: {', '.join(CAPABILITY_FIELDS)})")
     changes = {}
     for key, value in stated.items():
         if key == "unpaid_statuses":

@@ -127,7 +127,7 @@ class ModelSpec:
 
     @classmethod
     def from_snapshot(cls, kept: Mapping) -> "ModelSpec":
-        capabilities = {name: value for name, value in kept["capabilities"].items() if name in _CAPABILITY_FIELDS}
+        capabilities = {name: value for name, value in kept["capabilities"].items() if name in CAPABILITY_FIELDS}
         capabilities["unpaid_statuses"] = frozenset(capabilities.get("unpaid_statuses") or ())
         return cls(kept["provider"], kept["model"], kept["kind"], kept["content_type"], kept["extension"],
                    Capabilities(**capabilities))
@@ -138,7 +138,7 @@ def job_kind_of(kind: str) -> str:
     return "report" if kind == "text" else "media"
 
 
-_CAPABILITY_FIELDS = {each.name: each for each in dataclasses.fields(Capabilities)}
+CAPABILITY_FIELDS = {each.name: each for each in dataclasses.fields(Capabilities)}
 
 
 class ErrorClass(StrEnum):
