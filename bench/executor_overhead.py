@@ -37,7 +37,7 @@ def main() -> None:
 
     from executor import render
     from executor.models import Attempt
-    from executor.providers.sandbox import SandboxProvider
+    from executor.providers.sandbox.adapter import SandboxProvider
     from jobs.models import Job
     from jobs.outcomes import StepRetry
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
+from django.conf import settings
+
 from billing.models import ModelPrice, PriceUnit
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ PENALTY_OUTPUT_PER_MTOK = D("75")
 PENALTY_MEDIA_PER_UNIT = D("1.00")  # above every media price the card knows
 # A call's input tokens are at most its UTF-8 bytes plus a little per message (roles, separators).
 TOKENS_PER_MESSAGE_OVERHEAD = 16
-OVERRIDES_CACHE_S = 10.0
+# How often a model unknown to the card reads the overrides again (executor.registry's catalog uses it too).
 MISS_RELOAD_S = 1.0
 
 
@@ -170,11 +172,12 @@ file_prices_from = _no_file_prices
 
 
 def _override_rows() -> dict:
-    """The overrides, the models file's prices under the admin's rows, read at most every
-    OVERRIDES_CACHE_S per process (the rate card is read on every reservation; an edit takes effect within
-    seconds)."""
+    """The overrides, the models file's prices under the admin's rows, read at most every MODELS_CACHE_S per
+    process (the rate card is read on every reservation; an edit takes effect within seconds). One lifetime
+    with the catalog's (executor.registry): a model and its price, one document in the models file and one
+    form in the admin, change together, never a new model at an old price for a while."""
     now = time.monotonic()
-    if now - _overrides["at"] > OVERRIDES_CACHE_S:
+    if now - _overrides["at"] > settings.MODELS_CACHE_S:
         _overrides["rows"] = {**file_prices_from(), **{row.model: _from_row(row) for row in ModelPrice.objects.all()}}
         _overrides["at"] = now
     return _overrides["rows"]

@@ -363,7 +363,7 @@ MODEL_PRICE_FIELDS = ("free", "input_per_mtok_usd", "output_per_mtok_usd", "cach
 def model_price_set(*, model: str, price: dict | None) -> None:
     """The rate card's override for `model` (the admin's Models page): `price` as ModelPrice's fields, or
     None to drop the override (the models file's price, else the code's, applies again). Every process
-    reads it within rates.OVERRIDES_CACHE_S; this one at once."""
+    reads it within MODELS_CACHE_S (billing.rates); this one at once."""
     if price is None:
         ModelPrice.objects.filter(model=model).delete()
     else:

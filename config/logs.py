@@ -156,9 +156,8 @@ _SHAPES = (
     ((".",), re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}(?![A-Za-z0-9])"), REDACTED),
     # Standard Webhooks signing secrets: every client's, the sandbox's callback secret, Replicate's.
     (("whsec_",), re.compile(r"\bwhsec_[A-Za-z0-9+/=]+"), REDACTED),
-    # Provider key formats: OpenAI and Anthropic (sk-...), Replicate (r8_...).
-    (("sk-",), re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), REDACTED),
-    (("r8_",), re.compile(r"\br8_[A-Za-z0-9]{16,}"), REDACTED),
+    # Provider key formats (OpenAI's and Anthropic's sk-..., Replicate's r8_...) are declared by each
+    # provider's spec and registered below (register_secrets).
     _REPORT_LINK,
     # A password inside a URL (postgres://user:password@host, redis://:password@host, smtp://...).
     (("@",), re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@]*:)[^\s/?#@]+@"), r"\1" + REDACTED + "@"),
@@ -167,6 +166,29 @@ _SHAPES = (
      re.compile(r"(?i)(?<![a-z])((?:x-api-key|api[_-]?key|access[_-]?token|secret|password)[\"']?\s*[:=]\s*[\"']?)"
                 r"(?!\[redacted\])[^\s\"'&,;}]+"), r"\1" + REDACTED),
 )
+
+# Secrets declared above config: each provider's spec (executor.providers.spec) names its key's shape and
+# the settings holding its key and callback secret (FAL_KEY is not named like a secret). config may not
+# import executor (the one-way stack, tests/project/test_architecture.py), so executor's AppConfig.ready()
+# hands them down once, at start (register_secrets): the one way for this layer to learn what a higher
+# one declares. Every Redactor reads the shapes at each use and RedactFilter reads the names again when
+# they change, so a handler configured before the apps were ready (settings.LOGGING) redacts them too;
+# the lines written before it (settings and apps loading, no provider called yet) have only the
+# shapes and names above.
+_registered: dict = {"shapes": (), "names": frozenset(), "version": 0}
+
+
+def register_secrets(*, shapes=(), names=()) -> None:
+    """Add secret shapes (`(needle, regex)`: the needle a lower-case text every match holds) and the names
+    of variables whose values are secrets. Idempotent: a shape or name given again is kept once."""
+    known = {pattern.pattern for _, pattern, _ in _registered["shapes"]}
+    added = tuple(((needle,), re.compile(regex), REDACTED) for needle, regex in dict.fromkeys(shapes)
+                  if regex not in known)
+    names = frozenset(name.upper() for name in names) - _registered["names"]
+    if added or names:
+        _registered.update(shapes=_registered["shapes"] + added, names=_registered["names"] | names,
+                           version=_registered["version"] + 1)
+
 
 # Secret values read from the environment once, at start: provider keys and tokens, the secrets of
 # this deployment, and the password of every URL setting. A value shorter than this is not searched for
@@ -177,7 +199,7 @@ _SHORTEST_SECRET = 8
 def _is_secret_name(name: str) -> bool:
     name = name.upper()
     return (name.endswith(("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY")) or "PASSWORD" in name
-            or name in ("SECRET_KEY", "AWS_SECRET_ACCESS_KEY"))
+            or name in ("SECRET_KEY", "AWS_SECRET_ACCESS_KEY") or name in _registered["names"])
 
 
 # kombu's rendering of a broker URL (celery's banner, "Connected to redis://:**@host:6379/0"): `:**` stands
@@ -231,8 +253,12 @@ class Redactor:
         self._literal = re.compile("|".join(map(re.escape, literal))) if literal else None
         self._remembered: dict[str, str] = {}
         self._hosts_with_passwords = {host.lower() for host in hosts_with_passwords}
+        self._version = _registered["version"]
 
     def text(self, value: str) -> str:
+        if self._version != _registered["version"]:  # new shapes: what was remembered may hold one
+            self._remembered.clear()
+            self._version = _registered["version"]
         remembered = self._remembered.get(value)
         if remembered is not None:
             return remembered
@@ -251,7 +277,7 @@ class Redactor:
             # kombu's mask: `[redacted]` where a URL of the environment for that host holds a password, and
             # otherwise the URL as it is (a `redis://:[redacted]@` for a Redis with no password misled).
             value = _KOMBU_MASKED_URL.sub(self._unmask, value)
-        for needles, pattern, replacement in self._shapes:
+        for needles, pattern, replacement in self._shapes + _registered["shapes"]:
             if any(needle in lowered for needle in needles):
                 value = pattern.sub(replacement, value)
         return value
@@ -280,13 +306,19 @@ class RedactFilter(logging.Filter):
 
     def __init__(self, name: str = "", environ=None):
         super().__init__(name)
-        environ = os.environ if environ is None else environ
-        found, hosts = secrets_from_environ(environ), hosts_with_passwords(environ)
+        self._environ = os.environ if environ is None else environ
+        self._build()
+
+    def _build(self) -> None:
+        self._version = _registered["version"]
+        found, hosts = secrets_from_environ(self._environ), hosts_with_passwords(self._environ)
         self.redactor = Redactor(found, hosts)
         # For a record that says `shows_report_links` (config.mail's console mail, when asked to).
         self.showing_links = Redactor(found, hosts, report_links=False)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self._version != _registered["version"]:  # secret names registered since (register_secrets)
+            self._build()
         redact = self.showing_links if getattr(record, "shows_report_links", False) is True else self.redactor
         try:
             message = record.getMessage()

@@ -28,7 +28,7 @@ COUNTERS = {
                   "Provider callbacks received, by what payonce answered (executor.callbacks)."),
     "key_page_fetches": ("outcome", ("ok", "failed"),
                          "Fetches of a provider's webhook key page (fal's JWKS), by outcome: at most one per 30 s "
-                         "per web process, whatever the outcome (executor.providers.fal_webhooks)."),
+                         "per web process, whatever the outcome (executor.providers.fal.webhooks)."),
     "polls": ("outcome", ("running", "succeeded", "failed", "cancelled", "error"),
               "Polls of an accepted attempt, by what the provider said (error: the poll itself failed)."),
     "models_file": ("outcome", ("loaded", "rejected"),

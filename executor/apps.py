@@ -11,6 +11,14 @@ class ExecutorConfig(AppConfig):
         from executor.providers.real import check_real_providers  # ready(): settings and apps are loaded
 
         check_real_providers()
+        # Each provider's spec declares the secrets to keep out of every log line (its key's shape, its key
+        # and callback secret settings); config.logs stands below the executor and cannot read the specs,
+        # so they are handed down to it here, once (config.logs.register_secrets says why and how).
+        from config.logs import register_secrets  # ready(): beside the import above
+        from executor.providers import PROVIDERS  # ready(): the adapters import the app's models
+
+        register_secrets(shapes=[(shape.needle, shape.pattern) for spec in PROVIDERS for shape in spec.secret_shapes],
+                         names=[name for spec in PROVIDERS for name in spec.secret_settings])
         # A models file that cannot be read, or an entry in it that is wrong, refuses to start too, each
         # problem named (executor.registry; the admin's form refuses a wrong row where it is written).
         # The file is one document, a model's spec and its price: the registry reads and checks it whole,

@@ -27,9 +27,8 @@ from django.core.cache import cache
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from config.metrics import count
+from executor import providers
 from executor.models import AttemptState
-from executor.providers import fal_webhooks
-from executor.providers.base import ProviderError
 from executor.selectors import attempt_by_upstream_id
 
 logger = logging.getLogger(__name__)
@@ -37,26 +36,26 @@ logger = logging.getLogger(__name__)
 # Longer than Standard Webhooks' timestamp tolerance (5 minutes): a repeat of a message is either still
 # remembered here or refused for its old timestamp.
 SEEN_TTL_S = 900
-_SECRETS = {"replicate": "REPLICATE_WEBHOOK_SECRET"}
 
 
 def secret_of(provider: str) -> str:
-    """The provider's callback secret; "" takes no callbacks from it. The sandbox rings only while it is
-    the configured provider (REAL_PROVIDERS off): its secret has a development default (the sandbox's
-    own, SANDBOX_CALLBACK_SECRET's default in config.settings), known to anyone who reads the repository,
-    so with real providers on a callback signed with it is refused (404) instead of waking waiting steps
-    into provider polls."""
-    if provider == "sandbox":
-        return "" if settings.REAL_PROVIDERS else settings.SANDBOX_CALLBACK_SECRET
-    return getattr(settings, _SECRETS[provider], "") if provider in _SECRETS else ""
+    """The provider's callback secret (its spec's `callback_secret`, else the setting its spec names); ""
+    takes no callbacks from it. Read from the specs at call time: the adapters import this module while
+    executor.providers builds them."""
+    spec = providers.spec_of(provider)
+    if spec is None:
+        return ""
+    if spec.callback_secret is not None:
+        return spec.callback_secret()
+    return getattr(settings, spec.callback_secret_setting, "") if spec.callback_secret_setting else ""
 
 
 def takes_callbacks(provider: str) -> bool:
-    """Whether a callback from `provider` can be verified here. fal signs with keys it publishes (no shared
-    secret), so it is asked to call back only while it is the real provider: its recorded answers come
-    from no fal that could sign."""
-    if provider == "fal":
-        return bool(settings.REAL_PROVIDERS and settings.FAL_WEBHOOK_JWKS_URL)
+    """Whether a callback from `provider` can be verified here: a secret to check it with, or (a provider
+    with a scheme of its own, fal's published keys) what its spec's `callbacks_on` says."""
+    spec = providers.spec_of(provider)
+    if spec is not None and spec.callbacks_on is not None:
+        return bool(spec.callbacks_on())
     return bool(secret_of(provider))
 
 
@@ -87,8 +86,9 @@ def verify(provider: str, body: bytes, headers) -> tuple[str, str]:
     if not takes_callbacks(provider):
         count("callbacks", outcome="not_configured")
         raise Refused(404, "CALLBACK_NOT_CONFIGURED", f"No callbacks are taken from {provider!r}.")
-    if provider == "fal":
-        return _verify_fal(body, headers)
+    verifier = providers.spec_of(provider).callback_verifier  # takes_callbacks: a spec of a known provider
+    if verifier is not None:  # a scheme of its own (fal's ED25519 signature)
+        return verifier(body, headers)
     secret = secret_of(provider)
     wanted = {name: headers.get(name, "") for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
     try:
@@ -101,32 +101,6 @@ def verify(provider: str, body: bytes, headers) -> tuple[str, str]:
         count("callbacks", outcome="invalid")
         raise Refused(422, "INVALID_REQUEST", "The callback names no generation id.")
     return wanted["webhook-id"], generation
-
-
-def _verify_fal(body: bytes, headers) -> tuple[str, str]:
-    """fal's ED25519 signature (executor.providers.fal_webhooks), by a key of its JWKS: a signature no kept
-    key verifies is tried once more against the keys fetched again (fal may have published a new one;
-    the fetch is rate-limited there, so forged callbacks cannot make us fetch in a loop)."""
-    try:
-        # Headers first: a forged callback missing them, or out of time, is refused without a key fetched.
-        fal_webhooks.signed_headers(headers)
-        try:
-            payload = fal_webhooks.verify_webhook(body, headers, jwks=fal_webhooks.jwks())
-        except ValueError:
-            payload = fal_webhooks.verify_webhook(body, headers, jwks=fal_webhooks.jwks(refresh=True))
-    except ProviderError:
-        count("callbacks", outcome="keys_unavailable")
-        raise Refused(503, "CALLBACK_UNVERIFIED", "The callback cannot be verified now.") from None
-    except ValueError:
-        count("callbacks", outcome="bad_signature")
-        raise Refused(400, "CALLBACK_UNVERIFIED", "The callback's signature or timestamp does not verify.") from None
-    generation = payload.get("request_id")
-    if not isinstance(generation, str) or not generation or len(generation) > 200:
-        count("callbacks", outcome="invalid")
-        raise Refused(422, "INVALID_REQUEST", "The callback names no generation id.")
-    # fal sends a webhook again, signed anew, until it is answered 2xx: the request and its timestamp.
-    timestamp = {str(name).lower(): value for name, value in headers.items()}.get("x-fal-webhook-timestamp", "")
-    return f"fal:{generation}:{timestamp}", generation
 
 
 class Wake(enum.Enum):

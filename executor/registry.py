@@ -34,8 +34,16 @@ from billing import rates
 from config.logs import log_event
 from config.metrics import count
 from executor.models import ModelConfig, ModelKind
-from executor.providers import ADAPTERS, anthropic, fal, openai_compat, openai_images, real, replicate
-from executor.providers.base import CHEAP_LLM, Capabilities
+from executor.providers import ADAPTERS, PROVIDERS, real, spec_of
+# A model's spec and its parameters are the port's: a provider's folder declares its models with them.
+from executor.providers.base import (
+    CAPABILITY_FIELDS,
+    CHEAP_LLM,
+    Capabilities,
+    ModelSpec,
+    Param,
+    job_kind_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,170 +52,18 @@ logger = logging.getLogger(__name__)
 PAYONCE_INPUT_KEYS = ("prompt", "references")
 
 
-@dataclass(frozen=True)
-class Param:
-    """A provider parameter a model takes in a media job's input: its JSON type and bounds (inclusive).
-
-    `type` is "number" (an int or a finite float, never a bool), "integer" (never a bool) or "string".
-    """
-
-    name: str
-    type: str
-    minimum: float | None = None
-    maximum: float | None = None
-    nullable: bool = False
-    choices: tuple | None = None  # the only values taken (a size, a quality)
-
-    def problem(self, value) -> str | None:
-        """Why `value` is not a value of this parameter, or None."""
-        if value is None:
-            return None if self.nullable else "May not be null."
-        if self.choices is not None and (isinstance(value, bool) or value not in self.choices):
-            return f"Must be one of: {', '.join(map(str, self.choices))}."
-        if self.type == "string":
-            return None if isinstance(value, str) else "A string is required."
-        wanted = "An integer" if self.type == "integer" else "A number"
-        if isinstance(value, bool) or not isinstance(value, int if self.type == "integer" else (int, float)):
-            return f"{wanted}{' or null' if self.nullable else ''} is required."
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:  # an int beyond a double's range (310 digits): isfinite cannot make it a float
-            return "A finite number that fits a double (at most about 1.8e308 in size) is required."
-        if not finite:
-            return "A finite number is required."
-        if self.minimum is not None and value < self.minimum:
-            return f"Ensure this value is greater than or equal to {self.minimum:g}."
-        if self.maximum is not None and value > self.maximum:
-            return f"Ensure this value is less than or equal to {self.maximum:g}."
-        return None
-
-
-# The sandbox's media models take what its server reads of `params` (sandbox/server.py `_render_params`,
-# sandbox/state.py, sandbox/catalog.py), with the sandbox's own bounds (the size's is a setting,
-# SANDBOX_MAX_SIZE_BYTES, a copy of the sandbox's: the executor imports nothing of the sandbox, which
-# stands for a provider outside payonce); render_s keeps payonce's tighter
-# bound of an hour (the sandbox takes a day), the one the API has always had: a longer render would
-# outlast the default wait (WAIT_DEADLINE_S) and be paid for and given up.
-_SANDBOX_MEDIA_PARAMS = (
-    Param("render_s", "number", minimum=0, maximum=3600),  # how long the render takes (default 1 s)
-    Param("expected_s", "number", minimum=0, nullable=True),  # the duration it announces (null: none)
-    Param("fail_render", "string"),  # the render fails with this message (paid: a failure script)
-    Param("size_bytes", "integer", minimum=0, maximum=settings.SANDBOX_MAX_SIZE_BYTES),  # the output's size
-)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    provider: str
-    model: str
-    kind: str  # "video", "image" or "text"
-    content_type: str
-    extension: str
-    capabilities: Capabilities
-    # The `input` parameters the model takes, or None: passed through unchecked (a model whose adapter cannot
-    # know them, an arbitrary Replicate model; text models, whose input is a report's, checked elsewhere).
-    # Declared, an undeclared key is refused at submit: otherwise a typo is paid for as a default render.
-    params: tuple[Param, ...] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.provider}/{self.model}"
-
-    @property
-    def job_kind(self) -> str:
-        """The job kind this model can serve: media renders or report chapters."""
-        return job_kind_of(self.kind)
-
-    def snapshot(self) -> dict:
-        """The spec as an attempt keeps it (Attempt.spec): what waiting on, cancelling and settling the
-        attempt need, whatever happens to the catalog after it went out. Its parameters are not kept:
-        they are checked at submit, before any attempt exists."""
-        capabilities = dataclasses.asdict(self.capabilities)
-        capabilities["unpaid_statuses"] = sorted(self.capabilities.unpaid_statuses)
-        return {"provider": self.provider, "model": self.model, "kind": self.kind, "content_type": self.content_type,
-                "extension": self.extension, "capabilities": capabilities}
-
-    @classmethod
-    def from_snapshot(cls, kept: Mapping) -> "ModelSpec":
-        capabilities = {name: value for name, value in kept["capabilities"].items() if name in _CAPABILITY_FIELDS}
-        capabilities["unpaid_statuses"] = frozenset(capabilities.get("unpaid_statuses") or ())
-        return cls(kept["provider"], kept["model"], kept["kind"], kept["content_type"], kept["extension"],
-                   Capabilities(**capabilities))
-
-
-def job_kind_of(kind: str) -> str:
-    """The job kind a model of this kind (video, image, text) serves."""
-    return "report" if kind == "text" else "media"
-
-
-# The sandbox answers every status_* fault before accepting anything (it never charges for one), and it
-# remembers a request_id for ever unless SANDBOX_KEY_TTL_S tells it (and payonce) otherwise.
-_SANDBOX_UNPAID = frozenset({429, 500, 503})
-_SANDBOX = {
-    "video-keyed": ("video", "video/mp4", "mp4",
-                    dict(idempotency_key=True, lookup=False, asynchronous=True, cancel=True), _SANDBOX_MEDIA_PARAMS),
-    "image-lookup": ("image", "image/png", "png",
-                     dict(idempotency_key=False, lookup=True, asynchronous=True, cancel=False), _SANDBOX_MEDIA_PARAMS),
-    "image-blind": ("image", "image/png", "png",
-                    dict(idempotency_key=False, lookup=False, asynchronous=True, cancel=False), _SANDBOX_MEDIA_PARAMS),
-    "llm": ("text", "text/markdown", "md", None, None),
-}
-
-
-def _sandbox_capabilities(declared: dict | None) -> Capabilities:
-    if declared is None:
-        return CHEAP_LLM
-    return Capabilities(**declared, unpaid_statuses=_SANDBOX_UNPAID, key_ttl_s=settings.SANDBOX_KEY_TTL_S,
-                        callbacks=True)
-
-
 # Every content type a job's output can have (GET /v1/jobs/{id}/output).
 OUTPUT_CONTENT_TYPES = ("video/mp4", "image/png", "image/jpeg", "image/webp", "application/octet-stream")
 # Whole names (\A...\Z: `$` would also match before a final newline).
-_REPLICATE_MODEL = re.compile(r"\A[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(:[0-9a-f]{16,64})?\Z")
-_OPENAI_MODEL = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}\Z")
 _NAME = re.compile(r"\A[a-z0-9-]{1,40}/[A-Za-z0-9][A-Za-z0-9._:/-]{0,150}\Z")
 
 
-def _openai_image_params(model: str) -> tuple[Param, ...]:
-    return tuple(Param(each.name, each.type, minimum=each.minimum, maximum=each.maximum, choices=each.choices)
-                 for each in openai_images.PARAMS[model])
-
-
-# fal's models as its API reference declares them (executor.providers.fal): one output per job, so
-# num_images is held to 1; sync_mode (the output as a data URI fal does not keep) is not taken.
-_FAL_FLUX_PARAMS = (
-    Param("image_size", "string", choices=("square_hd", "square", "portrait_4_3", "portrait_16_9", "landscape_4_3",
-                                           "landscape_16_9")),
-    Param("num_inference_steps", "integer", minimum=1, maximum=50),
-    Param("guidance_scale", "number", minimum=1, maximum=20),
-    Param("seed", "integer", minimum=0),
-    Param("num_images", "integer", minimum=1, maximum=1),
-    Param("output_format", "string", choices=("jpeg", "png")),
-    Param("acceleration", "string", choices=("none", "regular", "high")),
-)
-_FAL_KLING_PARAMS = (
-    Param("duration", "string", choices=("5", "10")),
-    Param("aspect_ratio", "string", choices=("16:9", "9:16", "1:1")),
-    Param("negative_prompt", "string"),
-    Param("cfg_scale", "number", minimum=0, maximum=1),
-)
-
-
 def _code_models() -> dict[str, ModelSpec]:
-    """The models the code names (patterns aside), built at call time: the sandbox's key lifetime is a
-    setting."""
+    """The models the code names (patterns aside): each provider's spec declares its own (built at call
+    time: the sandbox's key lifetime is a setting)."""
     models = {}
-    for model, (kind, content_type, extension, declared, params) in _SANDBOX.items():
-        models[f"sandbox/{model}"] = ModelSpec("sandbox", model, kind, content_type, extension,
-                                               _sandbox_capabilities(declared), params)
-    models["fal/fal-ai/flux/dev"] = ModelSpec("fal", "fal-ai/flux/dev", "image", "image/jpeg", "jpg",
-                                              fal.CAPABILITIES, _FAL_FLUX_PARAMS)
-    kling = "fal-ai/kling-video/v2.5-turbo/pro/text-to-video"
-    models[f"fal/{kling}"] = ModelSpec("fal", kling, "video", "video/mp4", "mp4", fal.CAPABILITIES, _FAL_KLING_PARAMS)
-    for model in openai_images.PARAMS:
-        models[f"openai-images/{model}"] = ModelSpec("openai-images", model, "image", "image/png", "png",
-                                                     openai_images.CAPABILITIES, _openai_image_params(model))
+    for provider in PROVIDERS:
+        models.update(provider.models())
     return models
 
 
@@ -224,17 +80,10 @@ def code_spec(name: str) -> ModelSpec | None:
 
 
 def _pattern_spec(name: str) -> ModelSpec | None:
-    provider, _, model = name.partition("/")
-    if provider == "anthropic" and re.fullmatch(r"claude-[a-z0-9.-]{1,80}", model):
-        return ModelSpec(provider, model, "text", "text/markdown", "md", anthropic.CAPABILITIES)
-    if provider == "openai" and _OPENAI_MODEL.match(model):
-        return ModelSpec(provider, model, "text", "text/markdown", "md", openai_compat.CAPABILITIES)
-    if provider == "replicate" and _REPLICATE_MODEL.match(model):
-        # What a Replicate model makes is the model's business; the bytes are kept as they come. Its
-        # parameters too: any model of any owner, so its input is passed through unchecked (params None).
-        return ModelSpec(provider, model, "image", "application/octet-stream", "bin", replicate.CAPABILITIES,
-                         params=None)
-    return None
+    """A name of the shape a provider serves any model of (its spec's `pattern`: `anthropic/claude-*`)."""
+    provider, _, _model = name.partition("/")
+    spec = spec_of(provider)
+    return spec.pattern(name) if spec is not None and spec.pattern is not None else None
 
 
 # --- the file's and the admin's layers: one validator ------------------------------------------------------
@@ -245,7 +94,6 @@ def _pattern_spec(name: str) -> ModelSpec | None:
 # time replaces the one in memory only once all of it is valid (`models_file`). The code's own catalog
 # passes the same validator (tests/executor/test_catalog.py).
 
-_CAPABILITY_FIELDS = {field.name: field for field in dataclasses.fields(Capabilities)}
 _PARAM_FIELDS = {"name", "type", "minimum", "maximum", "nullable", "choices"}
 # What an entry may state: a field outside these (a typo such as `enable`) is refused, never ignored.
 ENTRY_FIELDS = ("name", "enabled", "provider", "kind", "content_type", "capabilities", "params", "price", "note")
@@ -350,9 +198,9 @@ def _number(value) -> bool:
 def _capabilities(base: Capabilities, stated: Mapping) -> Capabilities:
     if not isinstance(stated, Mapping):
         raise ValueError("capabilities is an object")
-    unknown = set(stated) - set(_CAPABILITY_FIELDS)
+    unknown = set(stated) - set(CAPABILITY_FIELDS)
     if unknown:
-        raise ValueError(f"unknown capabilities: {', '.join(sorted(unknown))} (known: {', '.join(_CAPABILITY_FIELDS)})")
+        raise ValueError(f"unknown capabilities: {', '.join(sorted(unknown))} (known: {', '.join(CAPABILITY_FIELDS)})")
     changes = {}
     for key, value in stated.items():
         if key == "unpaid_statuses":
@@ -585,11 +433,12 @@ def forget_models() -> None:
     others within MODELS_CACHE_S)."""
     _layers["at"] = float("-inf")
     _file["seen"] = None
+    rates.forget_overrides()  # its price too: one catalog, one lifetime
 
 
 # A name no layer knows reads the layers again at once, at most this often: a model added in the admin
 # is known to every process at its first job, not MODELS_CACHE_S later (a change to a known one waits).
-MISS_RELOAD_S = 1.0
+MISS_RELOAD_S = rates.MISS_RELOAD_S  # one value with the rate card's: a model and its price are found together
 
 
 def model_spec(name: str) -> ModelSpec | None:
@@ -664,4 +513,4 @@ def _declared_problem(spec: ModelSpec, key: str, value) -> str | None:
 
 def provider_usable(provider: str) -> bool:
     """False when real providers are on and this one has no key (a job naming it is refused)."""
-    return provider == "sandbox" or real.provider_is_usable(provider)
+    return real.provider_is_usable(provider)  # a provider not governed by REAL_PROVIDERS (the sandbox) always is

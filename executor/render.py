@@ -40,7 +40,7 @@ from config.sql import update_sql
 from executor import callbacks, policy, record, services
 from executor.models import Attempt, AttemptState
 from executor.providers import http
-from executor.providers.base import ErrorClass, ProviderError
+from executor.providers.base import ErrorClass, ProviderError, WorkStatus
 from executor.record import Money
 from executor.registry import model_spec, provider_params
 from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
@@ -124,12 +124,12 @@ def wait(job, *, attempt: Attempt | None = None, rung: bool = False, done=None) 
                                      deadline_s=settings.WAIT_DEADLINE_S)
     waited = (timezone.now() - current.accepted_at).total_seconds()
     answer = _answer(current, spec, rung=rung, waited=waited, window=window)
-    if answer is None or (answer.status == "running" and waited > window):
+    if answer is None or (answer.status == WorkStatus.RUNNING and waited > window):
         _expire(current, spec, window)
         raise _next_attempt(job)
-    if answer.status == "running":
+    if answer.status == WorkStatus.RUNNING:
         raise NotYet(_next_look(current, waited, window))
-    if answer.status == "succeeded":
+    if answer.status == WorkStatus.SUCCEEDED:
         if not record.end(current, AttemptState.SUCCEEDED, expect=AttemptState.RUNNING, money=Money.SETTLE,
                           output_url=answer.output_url, in_commit=_marking(done, current), **answer.telemetry):
             raise NotYet(settings.POLL_INTERVAL_S)  # ended meanwhile (a cancel): the next pass reads the record
@@ -147,7 +147,7 @@ def wait(job, *, attempt: Attempt | None = None, rung: bool = False, done=None) 
 class _Answer:
     """What the provider said of an accepted attempt, and the usage and cost it reported with it."""
 
-    status: str  # running, succeeded, failed or cancelled
+    status: WorkStatus
     output_url: str | None = None
     error: str | None = None
     error_class: str | None = None
@@ -159,7 +159,7 @@ def _answer(current: Attempt, spec, *, rung: bool, waited: float, window: float)
     when one is due or the provider rang. Raises NotYet when no poll is due, StepRetry when the poll failed
     inside the attempt's window; None when it failed past the window (the wait is over)."""
     if current.output_url:  # running with its output: the submit's answer carried the finished work
-        return _Answer("succeeded", current.output_url)
+        return _Answer(WorkStatus.SUCCEEDED, current.output_url)
     if not rung and waited <= window and not policy.poll_due(waited_s=waited, expected_s=current.expected_s,
                                                               interval_s=_poll_interval(current)):
         raise NotYet(_next_look(current, waited, window))
@@ -177,7 +177,7 @@ def _answer(current: Attempt, spec, *, rung: bool, waited: float, window: float)
     telemetry = record.telemetry(current, polled.cost_usd, polled.usage)
     if current.poll_errors:
         telemetry["poll_errors"] = 0
-    if telemetry and polled.status == "running":
+    if telemetry and polled.status == WorkStatus.RUNNING:
         record.update(current, expect=AttemptState.RUNNING, **telemetry)
     return _Answer(polled.status, polled.output_url, polled.error, polled.error_class, telemetry)
 
@@ -402,9 +402,9 @@ def _answered_accepted(attempt: Attempt, submission, *, done) -> None:
         "error_class": None, "error": None, **record.telemetry(attempt, submission.cost_usd, submission.usage),
         "expected_s": submission.expected_s,
     }
-    if submission.status == "succeeded" and submission.output_url:
+    if submission.status == WorkStatus.SUCCEEDED and submission.output_url:
         fields["output_url"] = submission.output_url
-    elif submission.status == "succeeded" and submission.output is not None:
+    elif submission.status == WorkStatus.SUCCEEDED and submission.output is not None:
         # The finished work came in the answer's body (a synchronous provider): it was paid for, and this
         # row is the one durable place it can be kept in the commit that records the acceptance. The
         # wait step's result only names the row (record.output_reference); the store step reads the

@@ -1,7 +1,9 @@
 """The admin's side of operators.operations: the one confirmation page every operator action shows (count
 preview, what it pays, a required reason) and the message after it, shared by the jobs, orders and dead
-letter admins; and the cells of the wide lists (short ids, client names, compact times)."""
+letter admins; ActionAdmin, which offers a list's actions from operators.actions (list actions, permission
+checks, the confirmation); and the cells of the wide lists (short ids, client names, compact times)."""
 
+import functools
 import uuid
 
 from django.contrib import messages
@@ -13,6 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from operators import actions as table  # not `actions`: ActionAdmin.actions is the list actions
+from operators import operations
+from operators.actions import Action
 from operators.operations import OperationRefused
 
 
@@ -35,14 +40,9 @@ def confirmed(request) -> bool:
 
 def acted_message(model_admin, request, entry, *, done: str = "") -> None:
     """The message after an action, linking to its audit row. `done` says what changed where the
-    default wording does not fit (a replay of chosen deliveries counts deliveries, not jobs)."""
+    default wording does not fit (a replay counts deliveries: operators.actions' `done`)."""
     link = reverse("admin:operators_operatoraction_change", args=[entry.id])
-    if done:
-        pass
-    elif entry.action == "replay":  # a job replay is counted in deliveries, over the jobs matched
-        done = f"{entry.acted} deliveries sent again, over {entry.matched} job{'s' if entry.matched != 1 else ''}"
-    else:
-        done = f"{entry.acted} of {entry.matched} changed"
+    done = done or f"{entry.acted} of {entry.matched} changed"
     model_admin.message_user(request, f"{entry.get_action_display()}: {done}. Audit row: {link}",
                              messages.SUCCESS if entry.acted else messages.WARNING)
 
@@ -56,19 +56,89 @@ def act_or_refuse(request, act):
         return None, str(exc)
 
 
-def confirm_or_act(model_admin, request, *, act, preview, back: str, done_url: str = "", done: str = "", **page):
+def confirm_or_act(model_admin, request, *, act, preview, back: str, done_url: str = "", done=None, **page):
     """Every operator action's one flow: on a confirmed POST, `act(who=..., reason=...)` (a operators.operations
-    call that writes the audit row), its message, and a redirect to `done_url` (else `back`); otherwise, or
-    when the action was refused (no reason ...), the confirmation page with `preview()` and the error.
-    `page` is the rest of confirm_page's wording (title, verb, hidden, back_label, pays_again ...)."""
+    call that writes the audit row), its message (`done(entry)`: what changed, where the default wording
+    does not fit), and a redirect to `done_url` (else `back`); otherwise, or when the action was refused
+    (no reason ...), the confirmation page with `preview()` and the error. `page` is the rest of
+    confirm_page's wording (title, verb, hidden, back_label, pays_again ...)."""
     error = ""
     if confirmed(request):
         entry, error = act_or_refuse(request, lambda: act(who=request.user.get_username(),
                                                           reason=request.POST.get("reason", "")))
         if entry is not None:
-            acted_message(model_admin, request, entry, done=done.format(entry=entry) if done else "")
+            acted_message(model_admin, request, entry, done=done(entry) if done else "")
             return redirect(done_url or back)
     return confirm_page(request, model_admin.admin_site, preview=preview(), back_url=back, reason_error=error, **page)
+
+
+def confirm_action(model_admin, request, action: Action, rows, *, target: str, hidden, back: str,
+                   done_url: str = ""):
+    """confirm_or_act for an action of operators.actions over `rows`, worded by its row."""
+    return confirm_or_act(
+        model_admin, request, back=back, done_url=done_url, done=action.done_words,
+        act=lambda **who_and_reason: operations.action_take(action, rows=rows, target=target, via="admin",
+                                                            **who_and_reason),
+        preview=lambda: operations.action_preview(action, rows=rows, target=target),
+        title=action.title, verb=action.verb, hidden=hidden, back_label=action.offered_on.capitalize(),
+        pays_again=action.pays_again, skipped_why=action.skipped_why, nothing_paid=action.nothing_paid)
+
+
+@functools.cache
+def list_actions(where: str) -> tuple:
+    """The Django list actions of the actions offered on `where` (operators.actions), each named as its
+    list's form posts it and handing the selection to the admin's act_on_selection."""
+
+    def list_action(action: Action):
+        def run(model_admin, request, queryset):
+            return model_admin.act_on_selection(request, queryset, action)
+
+        run.__name__ = action.list_action
+        run.short_description = action.label
+        return run
+
+    return tuple(list_action(action) for action in table.offered_on(where))
+
+
+class ActionAdmin:
+    """A list that offers the actions of operators.actions whose `offered_on` is its own, mixed in before
+    admin.ModelAdmin: their list actions, and each offered (and run) only to holders of its permission
+    beside the list's view permission (`may`). A subclass says how a selection becomes the action's rows
+    and target (act_on_selection) and may add pages of its own that call confirm_action."""
+
+    offered_on = ""
+
+    @property
+    def actions(self):
+        return list_actions(self.offered_on)
+
+    def offered(self) -> tuple[Action, ...]:
+        return table.offered_on(self.offered_on)
+
+    def offered_action(self, name: str) -> Action | None:
+        return next((action for action in self.offered() if action.name == name), None)
+
+    def may(self, request, action: Action) -> bool:
+        return self.has_view_permission(request) and request.user.has_perm(action.permission)
+
+    def refuse_unless_may(self, request, action: Action) -> None:
+        """The confirmation page (GET) as well as the act (POST): both need the permission."""
+        if not self.may(request, action):
+            opts = self.model._meta
+            raise PermissionDenied(f"You need {opts.app_label}.view_{opts.model_name} and {action.permission}")
+
+    def get_actions(self, request):
+        # Django's response_action runs only what this returns: an action whose permission the user lacks
+        # is neither shown nor run (refuse_unheld_action answers its POST 403).
+        held = super().get_actions(request)
+        for action in self.offered():
+            if not self.may(request, action):
+                held.pop(action.list_action, None)
+        return held
+
+    def changelist_view(self, request, extra_context=None):
+        refuse_unheld_action(self, request)
+        return super().changelist_view(request, extra_context)
 
 
 class RecordAdmin:

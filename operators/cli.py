@@ -27,8 +27,9 @@ from accounts.models import Client
 from jobs.models import Job, JobStatus
 from jobs.selectors import job_snapshot
 from jobs.workflow import RECIPES
-from operators.models import OperatorAction, OperatorActionKind
-from operators.operations import JobFilter, OperationRefused, Preview, client_ids, jobs_act, preview_jobs
+from operators.actions import ACTIONS, BY_NAME, Action
+from operators.models import OperatorAction
+from operators.operations import JobFilter, OperationRefused, Preview, action_preview, action_take, client_ids
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_WAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # How a followed job's end maps to the exit code of `watch` (`submit --wait` exits 0 only on success).
@@ -46,7 +47,8 @@ def refused(message: str) -> CommandError:
 # being able to retry them); the CLI cannot: whoever runs manage.py on the machine holds the database's
 # credentials and so could do anything. Give people who should hold only some actions the admin.
 FOR_WHOM = ("For the machine's operators: whoever can run manage.py here holds the database's credentials, so "
-            "the admin's per-action permissions (view_job, cancel_job, retry_job, rerun_order, replay_delivery) "
+            "the admin's per-action permissions (view_job, "
+            f"{', '.join(dict.fromkeys(action.permission.split('.')[1] for action in ACTIONS))}) "
             "do not apply. Give a person who may only read, or may not pay again, an admin account instead.")
 
 
@@ -190,20 +192,21 @@ def _iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
-def run_action(command: BaseCommand, options, *, preview, act, pays_again: bool = False) -> None:
-    """The steps every action command takes, in order:
+def run_action(command: BaseCommand, options, action: Action, *, rows: QuerySet, target: str) -> None:
+    """The steps every action command takes, in order (the action: a row of operators.actions):
 
     1. a missing reason is refused before anything is read (a dry run needs none);
-    2. --dry-run prints `preview()` (a operators.operations Preview) and stops: nothing changed, no audit row;
+    2. --dry-run prints the preview (operators.operations.action_preview) and stops: nothing changed, no
+       audit row;
     3. an action that pays again (a retry, a re-run) says so, with its worst case, before it acts;
-    4. `act(who=, via=, reason=)` (operators.operations.jobs_act or deliveries_replay) writes the audit row,
-       acts, and finishes the row; its result is printed.
+    4. operators.operations.action_take writes the audit row, acts, and finishes the row; its result is
+       printed.
     """
     as_json, out = options["json"], command.stdout
     if not options["dry_run"] and not options["reason"].strip():
         raise refused("--reason is required: say why (it is kept on the audit row), or preview with --dry-run")
     if options["dry_run"]:
-        shown = preview()
+        shown = action_preview(action, rows=rows, target=target)
         if as_json:
             print_json(out, {"dry_run": True, **shown.as_dict()})
         else:
@@ -212,27 +215,17 @@ def run_action(command: BaseCommand, options, *, preview, act, pays_again: bool 
             out.write("Dry run: nothing was changed and no audit row was written.")
         return
     who = who_acts(options)
-    if pays_again:
-        shown = preview()
+    if action.pays_again:
+        shown = action_preview(action, rows=rows, target=target)
         # Said before acting; on stderr with --json, so stdout stays one JSON document.
         (command.stderr if as_json else out).write(
             f"This pays again: {shown.acting} job(s) start a new run. Steps already done are read back, not "
             f"paid; the rest may reserve at worst ${shown.worst_case_usd} in total.")
-    entry = act(who=who, via="cli", reason=options["reason"])
+    entry = action_take(action, rows=rows, target=target, who=who, via="cli", reason=options["reason"])
     if as_json:
         print_json(out, audit_as_dict(entry))
         return
-    out.write(f"{acted_text(entry)}. Audit row {entry.id} (by {entry.who}: {entry.reason!r}).")
-
-
-def acted_text(entry: OperatorAction) -> str:
-    if entry.action == OperatorActionKind.REPLAY:
-        return f"Replay: {entry.acted} deliveries sent again ({entry.matched} matched)"
-    if entry.action == OperatorActionKind.REPLAY_DEAD:
-        return f"Replay of dead letters: {entry.acted} sent again of {entry.matched} matched"
-    return (f"{entry.get_action_display()}: {entry.acted} job(s) changed of {entry.matched} matched"
-            + (f" ({entry.matched - entry.acted} skipped: not in a state this action changes)"
-               if entry.matched > entry.acted else ""))
+    out.write(f"{action.said_words(entry)}. Audit row {entry.id} (by {entry.who}: {entry.reason!r}).")
 
 
 def preview_lines(preview: Preview) -> list[str]:
@@ -376,11 +369,22 @@ def exit_with(code: int) -> None:
         raise SystemExit(code)
 
 
-class JobActionCommand(OperatorCommand):
-    """jobs_cancel, jobs_retry, jobs_replay: one operators.operations action over every job the filter matches."""
+class ActionCommand(OperatorCommand):
+    """A command that takes one action of operators.actions (`action`, its name), worded by its row."""
 
-    action: str = ""  # an OperatorActionKind
-    pays_again = False
+    action: str = ""
+
+    @property
+    def taken(self) -> Action:
+        return BY_NAME[self.action]
+
+    @property
+    def help(self) -> str:
+        return self.taken.help
+
+
+class JobActionCommand(ActionCommand):
+    """jobs_cancel, jobs_retry, jobs_replay: an action over every job the filter matches."""
 
     def add_arguments(self, parser):
         add_job_filter_arguments(parser)
@@ -389,7 +393,4 @@ class JobActionCommand(OperatorCommand):
     def handle(self, *args, **options):
         chosen, jobs = job_filter(options)
         refuse_everything(options, filtered=chosen != JobFilter())
-        target = chosen.describe()
-        run_action(self, options, pays_again=self.pays_again,
-                   preview=lambda: preview_jobs(action=self.action, jobs=jobs, target=target),
-                   act=lambda **who: jobs_act(action=self.action, jobs=jobs, target=target, **who))
+        run_action(self, options, self.taken, rows=jobs, target=chosen.describe())

@@ -17,13 +17,19 @@ class OperatorActionKind(models.TextChoices):
     DRIFT_CLEAR = "drift_clear"  # a model's price drift cleared: its reservations go back to the rate card's
 
 
+def action_kinds() -> list[tuple[str, str]]:
+    """The audit row's kinds, as its `action` field's choices. A callable, so that the migrations name it
+    rather than copy its list: a new kind (a new row of operators.actions) needs no migration."""
+    return OperatorActionKind.choices
+
+
 class OperatorAction(models.Model):
     """The audit row of an operator's action from the admin or the CLI (operators.operations): who, when,
     what, over which jobs, how many, why. Written before the action starts (so an action cut short by a
     crash still shows), and finished with what it did."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    action = models.CharField(max_length=16, choices=OperatorActionKind.choices)
+    action = models.CharField(max_length=16, choices=action_kinds)
     who = models.CharField(max_length=150)  # the admin user, or the CLI's --who (default: the OS user)
     via = models.CharField(max_length=16)  # "admin" or "cli"
     # What was acted on, as the operator chose it: the filter (status=failed, month=2026-10 ...) or ids.

@@ -1,8 +1,8 @@
-"""Operators' actions, alone or in bulk over every job a filter matches: cancel, retry (pays again),
-replay deliveries, re-run orders, replay dead letters. Each is previewed first (how many rows match, how
-many it would change, what a retry may reserve) and leaves one audit row (who, when, what, how many,
-why). The admin (operators.admin) and the CLI (operators.cli and its commands) call only these
-functions, so both act and count the same way.
+"""Operators' actions, alone or in bulk over every job a filter matches: the actions of operators.actions
+(cancel, retry (pays again), replay deliveries, re-run orders, replay dead letters), a price set and a price
+drift cleared. Each is previewed first (how many rows match, how many it would change, what a retry may
+reserve) and leaves one audit row (who, when, what, how many, why). The admin (operators.admin) and the CLI
+(operators.cli and its commands) call only these functions, so both act and count the same way.
 
 Every change goes through the same services the API uses (job_cancel, job_retry, delivery_replay), so
 each keeps its race rules: a job another writer ended first is skipped, not changed twice. Replaying
@@ -31,14 +31,10 @@ from billing import services as billing
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 from executor.record import upstream_key_parts
 from jobs import reports
-from jobs.models import OPEN_STATUSES, ChapterStatus, Job, JobKind, JobStatus, Report, ReportChapter
-from jobs.services import job_cancel, job_retry
+from jobs.models import ChapterStatus, Job, JobKind, JobStatus, ReportChapter
+from operators.actions import BY_NAME, Action
 from operators.models import OperatorAction, OperatorActionKind
-from webhooks.models import DeliveryStatus
-from webhooks.selectors import deliveries_of_jobs
-from webhooks.services import delivery_replay
 
-RETRYABLE = (JobStatus.FAILED, JobStatus.WAITING)
 CHUNK = 500  # rows per read while acting on a large match
 SAMPLE = 20  # ids kept on the audit row
 
@@ -160,30 +156,27 @@ class Preview:
         return data
 
 
-def preview_jobs(*, action: str, jobs: QuerySet, target: str) -> Preview:
-    if action == OperatorActionKind.CANCEL:
-        return _preview(action, target, jobs, OPEN_STATUSES)
-    if action in (OperatorActionKind.RETRY, OperatorActionKind.RERUN):
-        preview = _preview(action, target, jobs, RETRYABLE)
-        preview.worst_case_usd = retry_worst_cases(jobs.filter(status__in=RETRYABLE))
-        return preview
-    if action == OperatorActionKind.REPLAY:
-        preview = _preview(action, target, jobs, None)
-        preview.deliveries = deliveries_of_jobs(jobs).count()
-        return preview
-    raise OperationRefused(f"unknown action {action!r}")
-
-
-def _preview(action, target, jobs: QuerySet, statuses) -> Preview:
-    """How many jobs match and how many of them the action acts on (those in `statuses`; all when None),
-    counted in one pass over the match."""
-    counts = jobs.order_by().aggregate(
-        matched=Count("id"), acting=Count("id", filter=Q(status__in=statuses)) if statuses else Count("id"))
+def action_preview(action: Action, *, rows: QuerySet, target: str) -> Preview:
+    """How many rows the target matches and how many of them the action changes (operators.actions: those
+    in its statuses), counted in one pass over the match; what a replay sends again; what an action that
+    pays again may reserve at worst."""
+    acting = action.acting(rows)
+    counts = rows.order_by().aggregate(
+        matched=Count("pk"),
+        acting=Count("pk", filter=Q(status__in=action.statuses)) if action.statuses is not None else Count("pk"))
     matched, count = counts["matched"], counts["acting"]
-    acting = jobs.filter(status__in=statuses) if statuses else jobs
-    sample = [str(ident) for ident in acting.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]]
-    return Preview(action=str(action), target=target, matched=matched, acting=count, skipped=matched - count,
-                   sample=sample)
+    sample = [str(ident) for ident in acting.order_by("-created_at").values_list("pk", flat=True)[:SAMPLE]]
+    return Preview(action=str(action.kind), target=target, matched=matched, acting=count, skipped=matched - count,
+                   sample=sample, deliveries=action.replays(acting).count() if action.replays else None,
+                   worst_case_usd=retry_worst_cases(acting) if action.pays_again else None)
+
+
+def preview_jobs(*, action: str, jobs: QuerySet, target: str) -> Preview:
+    """action_preview() of the job action named `action` (operators.actions: cancel, retry, replay, rerun)."""
+    chosen = BY_NAME.get(action)
+    if chosen is None or chosen.rows is not Job:
+        raise OperationRefused(f"unknown action {action!r}")
+    return action_preview(chosen, rows=jobs, target=target)
 
 
 def retry_worst_case(job: Job) -> Decimal:
@@ -285,54 +278,21 @@ def drifts_clear(*, drifts: QuerySet, target: str, who: str, via: str, reason: s
     return audit_finish(entry, billing.price_drift_clear(drifts=drifts, who=who))
 
 
-def jobs_act(*, action: str, jobs: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
-    """Preview, write the audit row, act on every matching job, finish the row with what changed.
+def action_take(action: Action, *, rows: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:
+    """The one door of every action of operators.actions, from the admin and the CLI alike:
 
-    Each job is changed by its own service call and transaction: a bulk cancel of 100,000 jobs does not
-    hold one long transaction, and a job ended meanwhile by a worker is skipped (its conditional update
-    matched no row), not counted."""
-    preview = preview_jobs(action=action, jobs=jobs, target=target)
-    entry = audit_start(action=action, who=who, via=via, target=target, reason=reason, preview=preview)
-    acted = 0
-    if action == OperatorActionKind.CANCEL:
-        for job in jobs.filter(status__in=OPEN_STATUSES).only("id", "run").iterator(chunk_size=CHUNK):
-            acted += job_cancel(job=job)
-    elif action in (OperatorActionKind.RETRY, OperatorActionKind.RERUN):
-        for job in jobs.filter(status__in=RETRYABLE).only("id").iterator(chunk_size=CHUNK):
-            acted += job_retry(job=job) is not None
-    elif action == OperatorActionKind.REPLAY:
-        acted = _replay(deliveries_of_jobs(jobs))
+    1. the preview, kept on the audit row (what the operator confirmed);
+    2. the audit row, written before anything changes (an action cut short by a crash still shows), and
+       refused without a reason or someone named;
+    3. the action's service called once per row it acts on (a replay: per delivery it sends again), each
+       call its own transaction: a bulk cancel of 100,000 jobs holds no long transaction, and a job a
+       worker ended meanwhile is skipped (the service's conditional update matched no row), not counted;
+    4. the row finished with how many changed.
+    """
+    shown = action_preview(action, rows=rows, target=target)
+    entry = audit_start(action=action.kind, who=who, via=via, target=target, reason=reason, preview=shown)
+    chosen = action.acting(rows)
+    if action.replays:
+        chosen = action.replays(chosen)
+    acted = sum(bool(action.each(row)) for row in chosen.only("id", *action.loads).iterator(chunk_size=CHUNK))
     return audit_finish(entry, acted)
-
-
-def deliveries_preview(*, deliveries: QuerySet, target: str, dead_only: bool = False) -> Preview:
-    """A replay of chosen deliveries, whatever their status (a delivered one too: a receiver that lost what
-    it got; receivers dedupe on webhook-id; a pending one is sent again from its schedule's start), or,
-    `dead_only`, the dead letters among them (the others counted and skipped)."""
-    matched = deliveries.count()
-    acting = deliveries.filter(status=DeliveryStatus.DEAD) if dead_only else deliveries
-    count = acting.count() if dead_only else matched
-    return Preview(action=OperatorActionKind.REPLAY_DEAD if dead_only else OperatorActionKind.REPLAY, target=target,
-                   matched=matched, acting=count, skipped=matched - count, deliveries=count,
-                   sample=list(acting.order_by("-created_at").values_list("id", flat=True)[:SAMPLE]))
-
-
-def deliveries_replay(*, deliveries: QuerySet, target: str, who: str, via: str, reason: str,
-                      dead_only: bool = False) -> OperatorAction:
-    """The one door to send deliveries again (the delivery admin's and the dead letters' replays, manage.py
-    replay_deliveries and dead_letters_replay): the preview, one audit row, then each chosen delivery (with
-    `dead_only`, each dead one) sent again. Nothing is paid."""
-    preview = deliveries_preview(deliveries=deliveries, target=target, dead_only=dead_only)
-    entry = audit_start(action=preview.action, who=who, via=via, target=target, reason=reason, preview=preview)
-    chosen = deliveries.filter(status=DeliveryStatus.DEAD) if dead_only else deliveries
-    return audit_finish(entry, _replay(chosen))
-
-
-def _replay(deliveries: QuerySet) -> int:
-    """Each delivery sent again (webhooks.services.delivery_replay): the stored envelope, the same
-    webhook-id, the retry schedule from its start. Returns how many."""
-    acted = 0
-    for delivery in deliveries.only("id").iterator(chunk_size=CHUNK):
-        delivery_replay(delivery=delivery)
-        acted += 1
-    return acted

@@ -5,6 +5,9 @@ providers (LLM calls: complete). Error classes (docs/design.md, "The attempt run
 retry policy is decided in one place (executor.policy), never by scattered try/except blocks.
 """
 
+import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -48,6 +51,94 @@ class Capabilities:
 # ("overloaded") as errors of a request that was not served, and charge nothing for them.
 CHEAP_LLM = Capabilities(idempotency_key=False, lookup=False, asynchronous=False, cancel=False,
                          resubmit_uncertain=True, unpaid_statuses=frozenset({429, 500, 502, 503, 504, 529}))
+
+
+# --- a model: what the registry knows of it, and what an attempt keeps (executor.registry builds them from
+# the specs' declarations, the models file and the admin's rows) ---------------------------------------
+
+@dataclass(frozen=True)
+class Param:
+    """A provider parameter a model takes in a media job's input: its JSON type and bounds (inclusive).
+
+    `type` is "number" (an int or a finite float, never a bool), "integer" (never a bool) or "string".
+    """
+
+    name: str
+    type: str
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+    choices: tuple | None = None  # the only values taken (a size, a quality)
+
+    def problem(self, value) -> str | None:
+        """Why `value` is not a value of this parameter, or None."""
+        if value is None:
+            return None if self.nullable else "May not be null."
+        if self.choices is not None and (isinstance(value, bool) or value not in self.choices):
+            return f"Must be one of: {', '.join(map(str, self.choices))}."
+        if self.type == "string":
+            return None if isinstance(value, str) else "A string is required."
+        wanted = "An integer" if self.type == "integer" else "A number"
+        if isinstance(value, bool) or not isinstance(value, int if self.type == "integer" else (int, float)):
+            return f"{wanted}{' or null' if self.nullable else ''} is required."
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int beyond a double's range (310 digits): isfinite cannot make it a float
+            return "A finite number that fits a double (at most about 1.8e308 in size) is required."
+        if not finite:
+            return "A finite number is required."
+        if self.minimum is not None and value < self.minimum:
+            return f"Ensure this value is greater than or equal to {self.minimum:g}."
+        if self.maximum is not None and value > self.maximum:
+            return f"Ensure this value is less than or equal to {self.maximum:g}."
+        return None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    provider: str
+    model: str
+    kind: str  # "video", "image" or "text"
+    content_type: str
+    extension: str
+    capabilities: Capabilities
+    # The `input` parameters the model takes, or None: passed through unchecked (a model whose adapter cannot
+    # know them, an arbitrary Replicate model; text models, whose input is a report's, checked elsewhere).
+    # Declared, an undeclared key is refused at submit: otherwise a typo is paid for as a default render.
+    params: tuple[Param, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+    @property
+    def job_kind(self) -> str:
+        """The job kind this model can serve: media renders or report chapters."""
+        return job_kind_of(self.kind)
+
+    def snapshot(self) -> dict:
+        """The spec as an attempt keeps it (Attempt.spec): what waiting on, cancelling and settling the
+        attempt need, whatever happens to the catalog after it went out. Its parameters are not kept:
+        they are checked at submit, before any attempt exists."""
+        capabilities = dataclasses.asdict(self.capabilities)
+        capabilities["unpaid_statuses"] = sorted(self.capabilities.unpaid_statuses)
+        return {"provider": self.provider, "model": self.model, "kind": self.kind, "content_type": self.content_type,
+                "extension": self.extension, "capabilities": capabilities}
+
+    @classmethod
+    def from_snapshot(cls, kept: Mapping) -> "ModelSpec":
+        capabilities = {name: value for name, value in kept["capabilities"].items() if name in CAPABILITY_FIELDS}
+        capabilities["unpaid_statuses"] = frozenset(capabilities.get("unpaid_statuses") or ())
+        return cls(kept["provider"], kept["model"], kept["kind"], kept["content_type"], kept["extension"],
+                   Capabilities(**capabilities))
+
+
+def job_kind_of(kind: str) -> str:
+    """The job kind a model of this kind (video, image, text) serves."""
+    return "report" if kind == "text" else "media"
+
+
+CAPABILITY_FIELDS = {each.name: each for each in dataclasses.fields(Capabilities)}
 
 
 class ErrorClass(StrEnum):
@@ -118,10 +209,23 @@ class Usage:
         return {key: value for key, value in self.__dict__.items() if value}
 
 
+class WorkStatus(StrEnum):
+    """Where the work a provider took is, as an adapter answers it (Submission.status, PollResult.status): a
+    `str` enum, so a comparison with "running" and the JSON of a status are what they were as strings."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({WorkStatus.SUCCEEDED, WorkStatus.FAILED, WorkStatus.CANCELLED})
+
+
 @dataclass
 class Submission:
     upstream_id: str
-    status: str  # "running", or already "succeeded" / "failed" when the provider answers synchronously
+    status: WorkStatus  # RUNNING, or already SUCCEEDED / FAILED when the provider answers synchronously
     cost_usd: str | None = None  # quoted by the provider, as a decimal string
     output_url: str | None = None
     error: str | None = None
@@ -136,7 +240,7 @@ class Submission:
 
 @dataclass
 class PollResult:
-    status: str  # "running" | "succeeded" | "failed" | "cancelled"
+    status: WorkStatus
     output_url: str | None = None
     content_type: str | None = None
     error: str | None = None
@@ -147,7 +251,7 @@ class PollResult:
 
     @property
     def terminal(self) -> bool:
-        return self.status in {"succeeded", "failed", "cancelled"}
+        return self.status in TERMINAL
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Whether the real provider adapters spend real money (docs/design.md, "Real money is opt-in"), and the one door
 through which they reach the network or, with REAL_PROVIDERS off, its recording.
 
-Spending is opt-in: with REAL_PROVIDERS off, `anthropic`, `openai`, `replicate`, `fal` and `openai-images`
-answer from recorded fixtures (executor.providers.replay) and never open a socket. With it on, each needs its key, and a
+Spending is opt-in: with REAL_PROVIDERS off, every real provider (a spec of executor.providers.PROVIDERS with
+`real`: `anthropic`, `openai`, `replicate`, `fal`, `openai-images`) answers from recorded fixtures (executor.providers.replay) and never open a socket. With it on, each needs its key, and a
 deployment switched on with nothing usable refuses to start (`check_real_providers`).
 Settings are read at call time, never at import time, so tests (and a reloaded config) can change them.
 """
@@ -11,13 +11,28 @@ import requests
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from executor import providers
 from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError
 from executor.providers.replay import replay_session_key
 
-REAL_PROVIDER_NAMES = ("anthropic", "openai", "replicate", "fal", "openai-images")
-KEY_SETTINGS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "replicate": "REPLICATE_API_TOKEN",
-                "fal": "FAL_KEY", "openai-images": "OPENAI_API_KEY"}
+
+
+def _real_specs():
+    """The real providers' specs, read at call time: the adapters import this module while
+    executor.providers builds them (so `providers` is the package, not yet its PROVIDERS)."""
+    return tuple(spec for spec in providers.PROVIDERS if spec.real)
+
+
+def real_provider_names() -> tuple[str, ...]:
+    return tuple(spec.name for spec in _real_specs())
+
+
+def key_settings() -> dict[str, str]:
+    """Each real provider's key setting, by provider name."""
+    return {spec.name: spec.key_setting for spec in _real_specs()}
+
+
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 # An LLM answers nothing until its whole text is written (no streaming here): a long chapter takes a minute
 # or two, far past PROVIDER_READ_TIMEOUT_S. Cutting it short would be an unknown outcome that is paid for
@@ -36,7 +51,7 @@ def replaying(replay: bool | None = None) -> bool:
 
 def configured_providers() -> set[str]:
     """The real providers whose key (or token) is set."""
-    return {name for name, setting in KEY_SETTINGS.items() if getattr(settings, setting, "")}
+    return {name for name, setting in key_settings().items() if getattr(settings, setting, "")}
 
 
 def openai_is_local(base_url: str | None = None) -> bool:
@@ -48,15 +63,17 @@ def openai_is_local(base_url: str | None = None) -> bool:
 def provider_is_usable(name: str) -> bool:
     """May a job name this provider's models now?
 
-    REAL_PROVIDERS off: yes, the adapter answers from fixtures. On: only with its key, except `openai`
-    pointed at a non-default OPENAI_BASE_URL (a local server, which may run keyless). Providers that are
-    not real (the sandbox) are not governed by REAL_PROVIDERS and are always usable.
+    REAL_PROVIDERS off: yes, the adapter answers from fixtures. On: only with its key, except a provider
+    whose spec is `keyless_when_local` (OpenAI's) pointed at a non-default OPENAI_BASE_URL (a local server,
+    which may run keyless). Providers that are not real (the sandbox) are not governed by REAL_PROVIDERS and
+    are always usable.
     """
-    if name not in KEY_SETTINGS or not real_providers_on():
+    spec = next((spec for spec in _real_specs() if spec.name == name), None)
+    if spec is None or not real_providers_on():
         return True
     if name in configured_providers():
         return True
-    return name in ("openai", "openai-images") and openai_is_local()
+    return spec.keyless_when_local and openai_is_local()
 
 
 def check_real_providers() -> set[str]:
@@ -68,12 +85,12 @@ def check_real_providers() -> set[str]:
     """
     if not real_providers_on():
         return set()
-    usable = {name for name in REAL_PROVIDER_NAMES if provider_is_usable(name)}
+    usable = {name for name in real_provider_names() if provider_is_usable(name)}
     if not usable:
+        variables = ", ".join(dict.fromkeys(key_settings().values()))  # each once, in PROVIDERS' order
         raise ImproperlyConfigured(
-            "REAL_PROVIDERS is on but no provider key is set: set at least one of ANTHROPIC_API_KEY, "
-            "OPENAI_API_KEY, REPLICATE_API_TOKEN, FAL_KEY (or point OPENAI_BASE_URL at a local server), "
-            "or switch REAL_PROVIDERS off to answer from recorded fixtures."
+            f"REAL_PROVIDERS is on but no provider key is set: set at least one of {variables} (or point "
+            "OPENAI_BASE_URL at a local server), or switch REAL_PROVIDERS off to answer from recorded fixtures."
         )
     return usable
 
@@ -88,7 +105,7 @@ def llm_timeout(read_timeout_s: float | None = None) -> tuple[float, float]:
 
 def missing_key(name: str) -> ProviderError:
     """Raised before any network call by an adapter switched to real mode without its key."""
-    return ProviderError(ErrorClass.AUTH, f"{KEY_SETTINGS[name]} is not set (REAL_PROVIDERS is on)")
+    return ProviderError(ErrorClass.AUTH, f"{key_settings()[name]} is not set (REAL_PROVIDERS is on)")
 
 
 def send(method: str, url: str, *, base_url: str, replay: bool | None = None, **kwargs) -> requests.Response:

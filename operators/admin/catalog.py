@@ -5,7 +5,7 @@ one holds (billing.models.PriceDrift); and the price drifts' own list, where an 
 A row states only what it changes: a blank field keeps what the code and the models file say of the
 model. The form refuses what the catalog would refuse, by the models file's own validator
 (registry.check_entry), so a wrong row is refused where it is written, never at a job's submit. Every
-process reads a saved row within MODELS_CACHE_S (the price within OVERRIDES_CACHE_S); this one at once.
+process reads a saved row, and its price, within MODELS_CACHE_S; this one at once.
 
 A price (and `free`) is money: editing it needs billing.change_modelprice, beside the model's own
 permission, and a reason; each change leaves an audit row with the price before and after

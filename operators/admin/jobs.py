@@ -23,7 +23,8 @@ from executor.store import client_store
 from jobs import reports, selectors
 from jobs.models import Job, JobKind, Report
 from operators import adminkit, operations
-from operators.models import OperatorAction, OperatorActionKind
+from operators.actions import JOBS
+from operators.models import OperatorAction
 from operators.operations import JobFilter, OperationRefused, month_range
 from operators.timeline import SHOWN, job_summary, job_timeline, report_facts, timeline_by_run
 
@@ -113,11 +114,6 @@ LIST_PARAMS = {"status__exact": "status", "kind__exact": "kind", "client__id__ex
 # The list's own parameters that are not filters (ordering, page, Django's "show all rows", its error
 # flag): carried by a bulk link from the list, ignored by the action.
 LIST_VIEW_PARAMS = {"o", "p", "e", "all", "_changelist_filters"}
-BULK = {  # action -> (verb, pays again, the permission it needs beside jobs.view_job)
-    OperatorActionKind.CANCEL: ("cancel", False, "jobs.cancel_job"),
-    OperatorActionKind.RETRY: ("retry", True, "jobs.retry_job"),
-    OperatorActionKind.REPLAY: ("replay the deliveries of", False, "webhooks.replay_delivery"),
-}
 
 
 def filter_from_params(params) -> JobFilter:
@@ -141,7 +137,7 @@ def bulk_filter_from_params(params) -> JobFilter:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     # What an operator reads first to the left, and nothing wider than it needs: a 1366 px laptop screen
     # shows every column (tests/operators/test_admin_browser.py measures it in chromium).
     list_display = ("short_id", "client_name", "status", "cost", "kind", "chain", "run", "created", "completed")
@@ -154,7 +150,7 @@ class JobAdmin(admin.ModelAdmin):
     ordering = ("-created_at", "-id")
     paginator = CappedPaginator
     show_full_result_count = False
-    actions = ["cancel_selected", "retry_selected", "replay_selected"]
+    offered_on = JOBS  # its actions, list and bulk and buttons: operators.actions (ActionAdmin)
     change_list_template = "admin/jobs/job/change_list.html"
 
     # --- the list ---------------------------------------------------------------------------------------
@@ -195,19 +191,7 @@ class JobAdmin(admin.ModelAdmin):
     def completed(self, job):
         return adminkit.compact_time(job.completed_at)
 
-    # --- permissions: reading needs view_job; each action its own permission (BULK) -----------------------
-
-    def may(self, request, action) -> bool:
-        return self.has_view_permission(request) and request.user.has_perm(BULK[action][2])
-
-    def has_cancel_permission(self, request):
-        return self.may(request, OperatorActionKind.CANCEL)
-
-    def has_retry_permission(self, request):
-        return self.may(request, OperatorActionKind.RETRY)
-
-    def has_replay_permission(self, request):
-        return self.may(request, OperatorActionKind.REPLAY)
+    # --- permissions: reading needs view_job; each action its own permission (ActionAdmin.may) ---------
 
     def _refuse_unless_viewer(self, request):
         # Before any lookup: a staff user without view_job learns nothing, not even whether the id exists.
@@ -215,13 +199,12 @@ class JobAdmin(admin.ModelAdmin):
             raise PermissionDenied("You need jobs.view_job")
 
     def changelist_view(self, request, extra_context=None):
-        adminkit.refuse_unheld_action(self, request)
         params = request.GET.copy()
         if not set(params) - LIST_VIEW_PARAMS:
             params["all_jobs"] = "1"  # the unfiltered list's bulk link means every job, said on purpose
         query = params.urlencode()
-        bulk = [(reverse("admin:jobs_job_bulk", args=[action]) + f"?{query}", verb)
-                for action, (verb, _, _) in BULK.items() if self.may(request, action)]
+        bulk = [(reverse("admin:jobs_job_bulk", args=[action.name]) + f"?{query}", action.verb)
+                for action in self.offered() if self.may(request, action)]
         return super().changelist_view(request, {**(extra_context or {}), **adminkit.WIDE_LIST,
                                                  "bulk_links": bulk, "count_cap": CappedPaginator.CAP})
 
@@ -250,9 +233,8 @@ class JobAdmin(admin.ModelAdmin):
             "summary": summary, "report": report_facts(job),
             "input_text": _json_shown(job.input), "metadata_text": _json_shown(job.metadata),
             "entries": entries, "runs": timeline_by_run(entries, summary), "older_left_out": older_left_out,
-            "actions": [(reverse("admin:jobs_job_bulk", args=[action]) + one, verb)
-                        for action, (verb, _, _) in BULK.items()
-                        if _applies(action, job) and self.may(request, action)],
+            "actions": [(reverse("admin:jobs_job_bulk", args=[action.name]) + one, action.verb)
+                        for action in self.offered() if action.applies(job) and self.may(request, action)],
         })
 
     def output_view(self, request, job_id):
@@ -287,11 +269,10 @@ class JobAdmin(admin.ModelAdmin):
     def bulk_view(self, request, action):
         """Every job the list's filter matches (the query string), or `?id=` ones: the preview, then the
         action once a reason is given."""
-        if action not in BULK:
+        action = self.offered_action(action)
+        if action is None:
             raise Http404("No such action.")
-        if not self.may(request, action):
-            # the preview (GET) as well as the act (POST): both need the permission
-            raise PermissionDenied(f"You need jobs.view_job and {BULK[action][2]}")
+        self.refuse_unless_may(request, action)
         try:
             job_filter = bulk_filter_from_params(request.GET)
             jobs = job_filter.jobs()
@@ -303,54 +284,24 @@ class JobAdmin(admin.ModelAdmin):
         back = reverse("admin:jobs_job_changelist") + (f"?{query.urlencode()}" if query else "")
         if job_filter.ids and len(job_filter.ids) == 1:
             back = reverse("admin:jobs_job_change", args=[job_filter.ids[0]])
-        return self._confirm_and_act(request, action, jobs, job_filter.describe(), hidden=[], back=back)
+        return adminkit.confirm_action(self, request, action, jobs, target=job_filter.describe(), hidden=[],
+                                       back=back)
 
-    def _confirm_and_act(self, request, action, jobs, target, *, hidden, back):
-        verb, pays_again, _ = BULK[action]
-        return adminkit.confirm_or_act(
-            self, request, back=back,
-            act=lambda **who_and_reason: operations.jobs_act(action=action, jobs=jobs, target=target, via="admin",
-                                                             **who_and_reason),
-            preview=lambda: operations.preview_jobs(action=action, jobs=jobs, target=target),
-            title=f"{verb.capitalize()} jobs", verb=verb, hidden=hidden, back_label="Jobs", pays_again=pays_again,
-            skipped_why=_SKIPPED[action],
-            nothing_paid="a replay sends the stored envelopes again under the same webhook-id; no provider is called."
-            if action == OperatorActionKind.REPLAY else "")
-
-    def _selection_action(self, request, queryset, action):
-        across, selected, hidden = adminkit.selection(request, request.POST["action"])
+    def act_on_selection(self, request, queryset, action):
+        """A list action (ActionAdmin: each offered to holders of its permission alone) on the selected rows,
+        or on every job the filter matches ("select all")."""
+        across, selected, hidden = adminkit.selection(request, action.list_action)
         target = (filter_from_params(request.GET).describe() if across else f"ids={len(selected)} selected")
         # The list's queryset carries its page's joins and cost column; the action needs only which jobs.
         jobs = Job.objects.filter(pk__in=queryset.order_by().values("pk"))
-        return self._confirm_and_act(request, action, jobs, target, hidden=hidden,
-                                     back=request.get_full_path())
-
-    # Each action is offered (and run: Django's response_action offers only these) to holders of its
-    # permission alone: has_<name>_permission above.
-    @admin.action(description="Cancel the selected jobs…", permissions=["cancel"])
-    def cancel_selected(self, request, queryset):
-        return self._selection_action(request, queryset, OperatorActionKind.CANCEL)
-
-    @admin.action(description="Retry the selected jobs (pays again)…", permissions=["retry"])
-    def retry_selected(self, request, queryset):
-        return self._selection_action(request, queryset, OperatorActionKind.RETRY)
-
-    @admin.action(description="Replay the selected jobs' deliveries…", permissions=["replay"])
-    def replay_selected(self, request, queryset):
-        return self._selection_action(request, queryset, OperatorActionKind.REPLAY)
+        return adminkit.confirm_action(self, request, action, jobs, target=target, hidden=hidden,
+                                       back=request.get_full_path())
 
     def has_add_permission(self, request):
         return False  # jobs come from clients (POST /v1/jobs or manage.py submit)
 
     def has_delete_permission(self, request, obj=None):
         return False  # a job is a money record: cancel it, never delete it
-
-
-_SKIPPED = {
-    OperatorActionKind.CANCEL: "already ended",
-    OperatorActionKind.RETRY: "only failed or waiting jobs are retried; succeeded and cancelled ones stay ended",
-    OperatorActionKind.REPLAY: "",
-}
 
 
 # A job's input on its page: its prompt and parameters as the client sent them, cut past this many
@@ -366,14 +317,6 @@ def _json_shown(value) -> str:
 def _output_key(job) -> str:
     """The store key of the job's output file; "" when it has none (a report's output is its link)."""
     return str(job.output.get("key") or "") if isinstance(job.output, dict) else ""
-
-
-def _applies(action, job) -> bool:
-    if action == OperatorActionKind.CANCEL:
-        return job.is_open
-    if action == OperatorActionKind.RETRY:
-        return job.status in operations.RETRYABLE
-    return True
 
 
 @admin.register(OperatorAction)

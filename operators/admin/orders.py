@@ -2,21 +2,20 @@
 operators' one confirmation (operators.adminkit) and audit row (operators.operations)."""
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from billing.selectors import money
 from jobs.models import Job
-from operators import adminkit, operations
-from operators.models import OperatorActionKind
+from operators import adminkit
+from operators.actions import BY_NAME, ORDERS
 from orders.models import Order
 from orders.selectors import orders_with_cost
 
 
 @admin.register(Order)
-class OrderAdmin(admin.ModelAdmin):
+class OrderAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     """Orders with what each cost (its report job's attempts; unpriced ones counted, all in the list's own
     statement) beside a re-run, over the selection or from one order's page: the shared confirmation
     (what it may reserve, that it pays again, a required reason) and an audit row (operators.operations)."""
@@ -30,7 +29,7 @@ class OrderAdmin(admin.ModelAdmin):
     list_select_related = ("client", "job")
     date_hierarchy = "created_at"  # the spend page links each product's orders of a month
     readonly_fields = [f.name for f in Order._meta.fields] + ["cost_usd", "unpriced_attempts"]
-    actions = ["rerun"]
+    offered_on = ORDERS  # the re-run: operators.actions (ActionAdmin)
     change_form_template = "admin/orders/order/change_form.html"
 
     def get_queryset(self, request):
@@ -71,12 +70,7 @@ class OrderAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
-    def has_rerun_permission(self, request):
-        """A re-run pays again: orders.rerun_order, beside reading orders (view_order)."""
-        return self.has_view_permission(request) and request.user.has_perm("orders.rerun_order")
-
     def changelist_view(self, request, extra_context=None):
-        adminkit.refuse_unheld_action(self, request)
         return super().changelist_view(request, {**(extra_context or {}), **adminkit.WIDE_LIST})
 
     def get_urls(self):
@@ -86,38 +80,29 @@ class OrderAdmin(admin.ModelAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         order = Order.objects.select_related("job").filter(pk=object_id).first() if adminkit.is_uuid(object_id) else None
         rerun_url = ""
-        if (order is not None and order.job_id and order.job.status in operations.RETRYABLE
-                and self.has_rerun_permission(request)):
+        if order is not None and order.job_id and RERUN.applies(order.job) and self.may(request, RERUN):
             rerun_url = reverse("admin:orders_order_rerun", args=[order.id])
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), "rerun_url": rerun_url})
 
     def rerun_view(self, request, order_id):
         """One order's re-run: the confirmation, then the re-run once a reason is given."""
-        if not self.has_rerun_permission(request):
-            # the confirmation page (GET) as well as the re-run (POST)
-            raise PermissionDenied("You need orders.view_order and orders.rerun_order")
+        self.refuse_unless_may(request, RERUN)
         order = Order.objects.filter(id=order_id).first()
         if order is None:
             raise Http404("No such order.")
         back = reverse("admin:orders_order_change", args=[order.id])
-        return self._confirm_and_rerun(request, Job.objects.filter(id=order.job_id),
-                                       f"order {order.id} (payment {order.payment_id})", hidden=[], back=back)
+        return adminkit.confirm_action(self, request, RERUN, Job.objects.filter(id=order.job_id),
+                                       target=f"order {order.id} (payment {order.payment_id})", hidden=[], back=back)
 
-    @admin.action(description="Re-run the reports (pays again)…", permissions=["rerun"])
-    def rerun(self, request, queryset):
-        across, selected, hidden = adminkit.selection(request, "rerun")
+    def act_on_selection(self, request, queryset, action):
+        """The re-run over the selected orders' report jobs (ActionAdmin): only failed or waiting ones start
+        a new run, whose chapters already written are read back, never paid for again."""
+        across, selected, hidden = adminkit.selection(request, action.list_action)
         target = (f"orders matching {adminkit.describe_filter(request.GET) or 'every order'}" if across
                   else f"orders: ids={len(selected)} selected")
         jobs = Job.objects.filter(id__in=queryset.order_by().exclude(job=None).values("job_id"))
-        return self._confirm_and_rerun(request, jobs, target, hidden=hidden, back=request.get_full_path())
+        return adminkit.confirm_action(self, request, action, jobs, target=target, hidden=hidden,
+                                       back=request.get_full_path())
 
-    def _confirm_and_rerun(self, request, jobs, target, *, hidden, back):
-        """operators.operations.jobs_act(action="rerun") over the orders' report jobs: only failed or waiting
-        ones start a new run, whose chapters already written are read back, never paid for again."""
-        return adminkit.confirm_or_act(
-            self, request, back=back,
-            act=lambda **who_and_reason: operations.jobs_act(action=OperatorActionKind.RERUN, jobs=jobs,
-                                                             target=target, via="admin", **who_and_reason),
-            preview=lambda: operations.preview_jobs(action=OperatorActionKind.RERUN, jobs=jobs, target=target),
-            title="Re-run reports", verb="re-run", hidden=hidden, back_label="Orders", pays_again=True,
-            skipped_why="only failed or waiting reports are re-run; a duplicate order has no report of its own")
+
+RERUN = BY_NAME["rerun"]  # an order's page offers it alone, beside the list's action

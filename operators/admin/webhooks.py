@@ -15,14 +15,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from operators import adminkit, operations
+from operators import adminkit
+from operators.actions import BY_NAME, DEAD_LETTERS, DELIVERIES
 from webhooks.models import DeadLetter, Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, SigningSecret
 from webhooks.services import endpoint_enable
 
 ERROR_TITLE = 2000  # characters of the last error in its cell's title (the whole on the dead letter's page)
 BODY_SHOWN = 500  # characters of a try's response body on the page (the row keeps up to 20 kB)
-NOTHING_PAID = ("a replay sends the stored envelope again under the same webhook-id (receivers dedupe on it); "
-                "no provider is called.")
 
 
 def _search(queryset, term: str):
@@ -54,39 +53,25 @@ class DeliveryAttemptInline(admin.TabularInline):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     list_display = ("id", "event", "status", "attempts", "last_status_code", "next_attempt_at", "created_at")
     list_filter = ("status", "event")
     search_fields = ("id", "job__id")
     readonly_fields = [f.name for f in Delivery._meta.fields]
     inlines = [DeliveryAttemptInline]
-    actions = ["replay"]
+    offered_on = DELIVERIES  # the replay: operators.actions (ActionAdmin)
 
-    def has_replay_permission(self, request):
-        return self.has_view_permission(request) and request.user.has_perm("webhooks.replay_delivery")
-
-    def changelist_view(self, request, extra_context=None):
-        adminkit.refuse_unheld_action(self, request)
-        return super().changelist_view(request, extra_context)
-
-    @admin.action(description="Replay: send the stored envelope again, same webhook-id…", permissions=["replay"])
-    def replay(self, request, queryset):
-        queryset = queryset.select_related(None)  # the replay reads ids only
-        target, hidden = _selection(request, "replay", "deliveries")
-        return adminkit.confirm_or_act(
-            self, request, back=request.get_full_path(), done="{entry.acted} of {entry.matched} deliveries sent again",
-            act=lambda **who_and_reason: operations.deliveries_replay(deliveries=queryset, target=target,
-                                                                      via="admin", **who_and_reason),
-            preview=lambda: operations.deliveries_preview(deliveries=queryset, target=target),
-            title="Replay deliveries", verb="replay", hidden=hidden, back_label="Deliveries",
-            nothing_paid=NOTHING_PAID)
+    def act_on_selection(self, request, queryset, action):
+        target, hidden = _selection(request, action.list_action, "deliveries")
+        return adminkit.confirm_action(self, request, action, queryset.select_related(None),  # ids only
+                                       target=target, hidden=hidden, back=request.get_full_path())
 
 
 # --- dead letters ---------------------------------------------------------------------------------------
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):
+class DeadLetterAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
     """The deliveries that ran out of tries (only `dead` rows): who and what each was for, how it failed,
     its envelope and every try on its page, and replay, one, the selection or every match of the filter."""
 
@@ -100,7 +85,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
     search_help_text = "A webhook-id (or its start) or a job id."
     list_select_related = ("client",)
     ordering = ("-created_at", "-id")
-    actions = ["replay_selected"]
+    offered_on = DEAD_LETTERS  # the replay, one or many: operators.actions (ActionAdmin)
     change_list_template = "admin/webhooks/deadletter/change_list.html"
 
     def get_queryset(self, request):
@@ -149,15 +134,10 @@ class DeadLetterAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # an event that happened: replay it, never delete it
 
-    def has_replay_permission(self, request):
-        """Replaying sends the stored envelope again: webhooks.replay_delivery, beside reading dead letters."""
-        return self.has_view_permission(request) and request.user.has_perm("webhooks.replay_delivery")
-
     def changelist_view(self, request, extra_context=None):
-        adminkit.refuse_unheld_action(self, request)
         query = request.GET.urlencode()
         replay_all = (reverse("admin:webhooks_deadletter_replay_matching") + (f"?{query}" if query else "")
-                      if self.has_replay_permission(request) else "")
+                      if self.may(request, REPLAY_DEAD) else "")
         return super().changelist_view(request, {**(extra_context or {}), **adminkit.WIDE_LIST,
                                                  "replay_matching_url": replay_all})
 
@@ -186,15 +166,13 @@ class DeadLetterAdmin(admin.ModelAdmin):
             "tries": tries, "body_shown": BODY_SHOWN, "url": letter.url or _endpoint_url(letter),
             "job_url": reverse("admin:jobs_job_change", args=[letter.job_id]),
             "replay_url": (reverse("admin:webhooks_deadletter_replay", args=[quote(letter.id)])
-                           if self.has_replay_permission(request) else ""),
+                           if self.may(request, REPLAY_DEAD) else ""),
         })
 
     # --- replay: one, the selection, every match --------------------------------------------------------
 
     def replay_one_view(self, request, object_id):
-        if not self.has_replay_permission(request):
-            # the confirmation page (GET) as well as the replay (POST)
-            raise PermissionDenied("You need webhooks.view_deadletter and webhooks.replay_delivery")
+        self.refuse_unless_may(request, REPLAY_DEAD)
         ident = unquote(object_id)
         if not Delivery.objects.filter(id=ident).exists():
             raise Http404("No such delivery.")
@@ -204,8 +182,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def replay_matching_view(self, request):
         """Every dead letter the list's filter and search match (its query string), not only one page."""
-        if not self.has_replay_permission(request):
-            raise PermissionDenied("You need webhooks.view_deadletter and webhooks.replay_delivery")
+        self.refuse_unless_may(request, REPLAY_DEAD)
         try:
             letters = self.get_changelist_instance(request).get_queryset(request)
         except IncorrectLookupParameters:
@@ -216,20 +193,17 @@ class DeadLetterAdmin(admin.ModelAdmin):
                                         f"dead letters matching {adminkit.describe_filter(request.GET) or 'every row'}",
                                         hidden=[], back=back)
 
-    @admin.action(description="Replay the selected dead letters…", permissions=["replay"])
-    def replay_selected(self, request, queryset):
-        target, hidden = _selection(request, "replay_selected", "dead letters")
+    def act_on_selection(self, request, queryset, action):
+        target, hidden = _selection(request, action.list_action, "dead letters")
         return self._confirm_and_replay(request, queryset, target, hidden=hidden, back=request.get_full_path())
 
     def _confirm_and_replay(self, request, letters, target, *, hidden, back, done=""):
-        letters = letters.select_related(None)  # the list's join of the client: the replay reads ids only
-        return adminkit.confirm_or_act(
-            self, request, back=back, done_url=done,
-            act=lambda **who_and_reason: operations.deliveries_replay(deliveries=letters, target=target,
-                                                                      dead_only=True, via="admin", **who_and_reason),
-            preview=lambda: operations.deliveries_preview(deliveries=letters, target=target, dead_only=True),
-            title="Replay dead letters", verb="replay", hidden=hidden, back_label="Dead letters",
-            skipped_why="not dead: delivered, or already being sent again", nothing_paid=NOTHING_PAID)
+        # the list's join of the client: the replay reads ids only
+        return adminkit.confirm_action(self, request, REPLAY_DEAD, letters.select_related(None), target=target,
+                                       hidden=hidden, back=back, done_url=done)
+
+
+REPLAY_DEAD = BY_NAME["replay_dead"]  # a dead letter's page and the list's "every match" offer it too
 
 
 def _pretty(envelope: str) -> str:

@@ -19,8 +19,9 @@ from billing.models import BudgetMonth, ModelPrice, Reservation
 from billing.selectors import month_totals
 from executor import llm, render
 from executor.models import Attempt
-from executor.providers import anthropic, openai_compat
-from executor.providers.sandbox import SandboxProvider
+from executor.providers import openai_compat
+from executor.providers.anthropic import adapter as anthropic
+from executor.providers.sandbox.adapter import SandboxProvider
 from jobs import runner
 from jobs.models import Job
 from jobs.outcomes import Done, FanOut, JobFailure, Later, Resume, StepRetry, Stop

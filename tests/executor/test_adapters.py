@@ -13,14 +13,15 @@ import requests
 from django.core.exceptions import ImproperlyConfigured
 
 from executor.providers import real
-from executor.providers.anthropic import CAPABILITIES as ANTHROPIC_CAPABILITIES
-from executor.providers.anthropic import AnthropicProvider
+from executor.providers.anthropic.adapter import CAPABILITIES as ANTHROPIC_CAPABILITIES
+from executor.providers.anthropic.adapter import AnthropicProvider
 from executor.providers.base import ErrorClass, ProviderError, Usage
 from executor.providers.openai_compat import CAPABILITIES as OPENAI_CAPABILITIES
 from executor.providers.openai_compat import OpenAICompatibleProvider
-from executor.providers.replay import FIXTURES_DIR, REPLAY_PNG, fixture, mount_replay
-from executor.providers.replicate import CAPABILITIES as REPLICATE_CAPABILITIES
-from executor.providers.replicate import ReplicateProvider
+from executor.providers import PROVIDERS
+from executor.providers.replay import PROVIDERS_DIR, REPLAY_PNG, fixture, fixtures_dir, mount_replay
+from executor.providers.replicate.adapter import CAPABILITIES as REPLICATE_CAPABILITIES
+from executor.providers.replicate.adapter import ReplicateProvider
 from tests.support.procs import free_port
 from tests.support.replay_server import DROP, Delayed, ReplayServer
 
@@ -723,14 +724,15 @@ def test_mount_replay_on_a_session(no_network):
 
 
 def test_fixtures_are_recorded_responses():
-    files = sorted(FIXTURES_DIR.rglob("*.json"))
+    # Each provider's recorded answers are in its own folder (executor/providers/<package>/fixtures/).
+    files = sorted(path for spec in PROVIDERS for path in fixtures_dir(spec.package).glob("*.json"))
     assert len(files) >= 25
     for path in files:
         recorded = json.loads(path.read_text())
         assert set(recorded) == {"status", "headers", "body"}, path
         assert 200 <= recorded["status"] < 600
         assert all(name == name.lower() for name in recorded["headers"]), path
-    assert (FIXTURES_DIR / "README.md").exists()
+    assert (PROVIDERS_DIR / "FIXTURES.md").exists()
 
 
 # -- REAL_PROVIDERS switch ----------------------------------------------------------------------------

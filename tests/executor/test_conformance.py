@@ -1,7 +1,8 @@
 """The provider conformance suite: every adapter through the same matrix of cases, so that what an answer
 means (docs/design.md, "Three kinds of failure") is the same whichever provider gave it.
 
-Each adapter has a *profile* below (`PROFILES`): how to provoke each case on it (which route to script
+Each adapter has a *profile*, data in its own folder (executor/providers/<package>/conformance.py, read into
+`PROFILES` below for every provider of PROVIDERS): how to provoke each case on it (which route to script
 with which recorded fixture, which fault to inject, which call to make) and what it should answer. What
 the adapter can do is never restated here: `capabilities_of` reads it from the registry as the code
 declares it (executor.registry.code_spec) or, for a model the registry does not name, from the adapter's
@@ -37,7 +38,7 @@ Where the answers come from:
   provoked with its fault injection (`POST /control/faults`), and its ledger is the ground truth of what
   was paid: a case that says "unpaid" also finds no charge, a lost reply finds the one it made;
 - the real providers (Anthropic, OpenAI chat, Replicate, fal, OpenAI images) answer from their recorded
-  fixtures (executor/providers/fixtures/) replayed over real HTTP by tests.support.replay_server, with
+  fixtures (executor/providers/<package>/fixtures/) replayed over real HTTP by tests.support.replay_server, with
   REAL_PROVIDERS on and every adapter pointed at it, as tests/executor/test_adapters.py does;
 - case 11 reads the request each adapter sent, so there a ReplayServer stands in for every provider, the
   sandbox included (its process keeps no request bodies).
@@ -50,9 +51,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Callable
@@ -66,23 +68,24 @@ from standardwebhooks.webhooks import Webhook
 
 from billing import rates
 from executor import callbacks, registry
-from executor.providers import fal, fal_webhooks, openai_images, real
-from executor.providers.anthropic import AnthropicProvider
+from executor.providers import PROVIDERS, conformance, real
 from executor.providers.base import (
     Capabilities,
     Completion,
     ErrorClass,
     ProviderError,
     Submission,
-    Usage,
     classify_http_error,
 )
-from executor.providers.fal import FalProvider
-from executor.providers.openai_compat import OpenAICompatibleProvider
-from executor.providers.openai_images import OpenAIImagesProvider
-from executor.providers.replay import FIXTURES_DIR, fixture
-from executor.providers.replicate import ReplicateProvider
-from executor.providers.sandbox import SandboxProvider
+from executor.providers.conformance import PaidFailure, PriceCase, Profile, Refusal
+from executor.providers.fal import adapter as fal
+from executor.providers.fal import webhooks as fal_webhooks
+from executor.providers.fal.adapter import FalProvider
+from executor.providers.fal.conformance import REQUEST_ID as FAL_REQUEST_ID
+from executor.providers.openai_images import adapter as openai_images
+from executor.providers.replay import fixture, fixtures_dir
+from executor.providers.replicate.adapter import ReplicateProvider
+from executor.providers.replicate.conformance import PREDICTION_ID
 from sandbox import callbacks as sandbox_callbacks
 from sandbox.server import FAULT_ACTIONS
 from tests.support.replay_server import DROP, ReplayServer
@@ -96,81 +99,7 @@ ABSENT_METADATA = {"payonce_job": "3f1c2b9e-job", "payonce_attempt": 9, "upstrea
 SYSTEM = "You write market reports."
 MESSAGES = [{"role": "user", "content": "Write chapter 1"}]
 
-# The recorded answers' ids.
-ANTHROPIC_MESSAGE_ID = "msg_01Hk9zQyR3bVnE8sPjGx4fT2"  # anthropic/message
-OPENAI_COMPLETION_ID = "chatcmpl-BqR2xKcV8nZ3pLw0aJ5mYtE7uH1sD"  # openai/chat_completion
-OPENAI_IMAGE_REQUEST_ID = "req_5c1e9a7f3b2d4e6a8c0f1b3d5e7a9c2b"  # openai/images_generation's x-request-id
-PREDICTION_ID = "qxm7r9k2anrj00cmd5kb3ce1tc"  # replicate/prediction_*
-FAL_REQUEST_ID = "764cabcf-b745-4b3e-ae38-1200304cf45b"  # fal/submit_accepted
-FAL_REQUESTS = f"/fal-ai/flux/requests/{FAL_REQUEST_ID}"  # status, result and cancel: the app id, no /dev
-FLUX_SCHNELL = "black-forest-labs/flux-schnell"
-FLUX_DEV = "fal-ai/flux/dev"
 JWKS_PATH = "/.well-known/jwks.json"
-# Replicate's listing (newest first) holds our prediction, created 2025-06-12T09:41:07.512Z, on page 2.
-REPLICATE_VERSION = "5599ed30703defd1d160a25a63321b4dec97101d98b4674bcc56e41f62f35637"
-REPLICATE_SUBMITTED_AT = datetime.fromisoformat("2025-06-12T09:41:07.300Z").timestamp()
-
-
-# -- what a profile says ------------------------------------------------------------------------------
-#
-# An *answer* to a route is what the backend is told to answer with: for the replayed providers a fixture
-# name, a `{"status", "headers", "body"}` dict or DROP (tests.support.replay_server); for the sandbox a
-# fault (`{"action": ..., ...}`, docs/sandbox.md "Faults", the model filled in), or None: no fault, the
-# sandbox answers by itself. A *script* is `(method, path, answer, ...)` for a route other than the submit
-# (a poll, a listing): the replayed providers only, the sandbox answers those by itself.
-
-
-@dataclass(frozen=True)
-class Refusal:
-    label: str
-    answer: object
-    kind: str  # invalid_input or refused
-    words: str  # the provider's own words, kept in the message
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    answer: object
-    retry_after: float  # what its Retry-After says, in seconds
-
-
-@dataclass(frozen=True)
-class PaidFailure:
-    label: str
-    submit: object  # the answer to the submit (media: an acceptance; text: the 200 that refuses)
-    then: tuple = ()  # scripts for the poll (media)
-    params: dict | None = None  # the submit's params, when not the profile's
-    error: str = ""  # media: the poll's error, exactly; text: words the error's message holds
-    error_class: str | None = None  # media: PollResult.error_class
-    usage: Usage | None = None  # text: the usage the refusal carries (it was paid for)
-
-
-@dataclass(frozen=True)
-class LookupCase:
-    route: tuple[str, str]  # where the search goes
-    found: tuple = ()  # scripts before the lookup that finds
-    absent: tuple = ()  # scripts before the lookup that proves absence
-    found_id: str | None = None  # None: the id of a submit made first (the sandbox)
-    submitted_at: float | None = None  # None: now
-
-
-@dataclass(frozen=True)
-class CancelCase:
-    route: tuple[str, str]  # method, path with {id}
-    answers: tuple = ()  # the cancel route's answers (replayed providers)
-    upstream_id: str | None = None  # None: cancel a render submitted first (the sandbox)
-    params: dict | None = None  # that render's params
-
-
-@dataclass(frozen=True)
-class PriceCase:
-    label: str
-    # Worked out by hand from the fixture's (or the sandbox's) numbers and the published price.
-    expected: Decimal
-    submit: object = None  # the answer to the submit
-    then: tuple = ()  # scripts for the poll whose usage is priced (asynchronous media)
-    model: str | None = None  # when not the profile's
-    params: dict | None = None  # the call's params, and what cost_of is given
 
 
 @dataclass(frozen=True)
@@ -181,43 +110,6 @@ class Delivery:
     headers: CaseInsensitiveDict
     generation_id: str
     forgeries: tuple  # (label, body, headers)
-
-
-@dataclass(frozen=True)
-class Profile:
-    id: str
-    adapter: type
-    model: str
-    kind: str  # "media" (submit) or "text" (complete)
-    backend: str  # "replay" or "sandbox"
-    route: tuple[str, str]  # the submit (complete) route
-    accepted: object  # the answer that accepts
-    accepted_id: str | None  # the upstream id it carries (None: the sandbox's, read from its ledger)
-    refusals: tuple[Refusal, ...]
-    rate_limit: RateLimit
-    server_errors: dict  # status -> answer: every 5xx the adapter has an answer for
-    lost: object  # the answer that loses the reply after the request arrived
-    paid_failures: tuple[PaidFailure, ...] = ()
-    no_paid_failure: str = ""  # why there is none, when no capability says so
-    lookup: LookupCase | None = None
-    cancel: CancelCase | None = None
-    callback: Callable | None = None  # (profile, harness) -> Delivery
-    prices: tuple[PriceCase, ...] = ()
-    params: dict = field(default_factory=dict)
-    max_tokens: int = 8000
-    # The recorded error answers of the submit route (executor/providers/fixtures/<prefix><status>_*.json):
-    # every 5xx among them must be in `server_errors`. None: the sandbox, whose 5xx are its status_5xx faults.
-    fixtures: str | None = None
-    # Case 11's model and its submit route, when not the profile's: one whose request carries more of
-    # payonce's fields (a Replicate model's version).
-    wire_model: tuple[str, tuple[str, str]] | None = None
-
-    @property
-    def provider(self) -> str:
-        return self.adapter.name
-
-    def __str__(self) -> str:
-        return self.id
 
 
 def capabilities_of(profile: Profile) -> Capabilities:
@@ -292,16 +184,20 @@ class SandboxHarness:
         return self.process.ledger()["charges"]
 
 
+# Keys of each provider's own shape, where it has one, and the path a base URL setting carries (OpenAI's
+# ends in /v1); any other real provider gets a plain test key and the server's root.
+TEST_KEYS = {"ANTHROPIC_API_KEY": "sk-ant-test-key", "OPENAI_API_KEY": "sk-proj-test-key",
+             "REPLICATE_API_TOKEN": "r8_test_token", "FAL_KEY": "fal-key-id:fal-key-secret"}
+BASE_PATHS = {"OPENAI_BASE_URL": "/v1"}
+
+
 def point_real_providers_at(settings, url: str) -> None:
-    """Every real adapter's base URL at `url` (a ReplayServer), each with a key."""
-    settings.ANTHROPIC_API_KEY = "sk-ant-test-key"
-    settings.ANTHROPIC_BASE_URL = url
-    settings.OPENAI_API_KEY = "sk-proj-test-key"
-    settings.OPENAI_BASE_URL = url + "/v1"
-    settings.REPLICATE_API_TOKEN = "r8_test_token"
-    settings.REPLICATE_BASE_URL = url
-    settings.FAL_KEY = "fal-key-id:fal-key-secret"
-    settings.FAL_BASE_URL = url
+    """Every real adapter's base URL at `url` (a ReplayServer), each with a key: every real provider of
+    PROVIDERS, by the settings its spec names."""
+    for spec in PROVIDERS:
+        if spec.real:
+            setattr(settings, spec.key_setting, TEST_KEYS.get(spec.key_setting, f"{spec.name}-test-key"))
+            setattr(settings, spec.base_url_setting, url + BASE_PATHS.get(spec.base_url_setting, ""))
 
 
 @pytest.fixture
@@ -487,7 +383,7 @@ def check_cancel(profile: Profile, h) -> None:
 
 
 def check_callbacks(profile: Profile, h) -> None:
-    delivery = profile.callback(profile, h)
+    delivery = CALLBACKS[profile.callback](profile, h)
     try:
         message_id, generation = callbacks.verify(profile.provider, delivery.body, delivery.headers)
     except callbacks.Refused as refused:
@@ -608,238 +504,12 @@ def fal_callback(profile: Profile, h) -> Delivery:
 
 # -- the profiles -------------------------------------------------------------------------------------
 
-def replicate_page_2_without_ours() -> dict:
-    """The listing's page 2 without our prediction: its next one (09:38:40) is older than the submit."""
-    page = fixture("replicate/predictions_page_2")
-    page["body"]["results"] = [p for p in page["body"]["results"] if p["id"] != PREDICTION_ID]
-    assert page["body"]["next"]  # a page 3 exists: only reaching an older prediction may end the search
-    return page
-
-
-def sandbox_profile(model: str, **cases) -> Profile:
-    text = model == "llm"
-    return Profile(
-        id=f"sandbox/{model}",
-        adapter=SandboxProvider,
-        model=model,
-        kind="text" if text else "media",
-        backend="sandbox",
-        route=("POST", "/v1/messages" if text else "/v1/generations"),
-        accepted=None,
-        accepted_id=None,
-        refusals=(
-            Refusal("400", {"action": "status_400"}, ErrorClass.INVALID_INPUT, "the request is not valid"),
-            Refusal("422", {"action": "status_422"}, ErrorClass.INVALID_INPUT, "duration_secs must be 8"),
-            Refusal("400-refused", {"action": "refuse"}, ErrorClass.REFUSED, "refused by the content policy"),
-        ),
-        rate_limit=RateLimit({"action": "status_429", "seconds": 7}, 7.0),
-        server_errors={500: {"action": "status_500"}, 503: {"action": "status_503"}},
-        lost={"action": "accept_then_drop"},
-        params={} if text else {"render_s": 1},
-        max_tokens=8,
-        **cases,
-    )
-
-
-def sandbox_render_cases(model: str, price: str) -> dict:
-    return dict(
-        paid_failures=(PaidFailure("fail_render", {"action": "fail_render", "message": "the render farm caught fire"},
-                                   params={"render_s": 0}, error="the render farm caught fire"),),
-        callback=sandbox_callback,
-        # The sandbox's catalog: a render or an image is one unit at its price, which its ledger charges.
-        prices=(PriceCase(model, Decimal(price)),),
-    )
-
-
-PROFILES = (
-    sandbox_profile(
-        "video-keyed",
-        cancel=CancelCase(("POST", "/v1/generations/{id}/cancel"), params={"render_s": 30}),
-        # $0.40 per render (sandbox/catalog.py).
-        **sandbox_render_cases("video-keyed", "0.400000"),
-    ),
-    sandbox_profile(
-        "image-lookup",
-        lookup=LookupCase(("GET", "/v1/generations")),
-        # $0.04 per image.
-        **sandbox_render_cases("image-lookup", "0.040000"),
-    ),
-    sandbox_profile("image-blind", **sandbox_render_cases("image-blind", "0.040000")),
-    sandbox_profile(
-        "llm",
-        no_paid_failure="the sandbox's LLM never refuses inside a 200 (its one paid failure, the `empty` fault, "
-                        "is an answer the adapter returns and the chapter step fails)",
-        # input: ceil((len("You write market reports.") 25 + len("Write chapter 1") 15) / 4) = 10 tokens;
-        # output: cut at max_tokens 8 -> 8 tokens. $3 and $15 per million (sandbox/catalog.py):
-        # 10 * 3 + 8 * 15 = 150 -> $0.000150.
-        prices=(PriceCase("llm", Decimal("0.000150")),),
-    ),
-    Profile(
-        id="anthropic",
-        fixtures="anthropic/error_",
-        adapter=AnthropicProvider,
-        model="claude-sonnet-4-5",
-        kind="text",
-        backend="replay",
-        route=("POST", "/v1/messages"),
-        accepted="anthropic/message",
-        accepted_id=ANTHROPIC_MESSAGE_ID,
-        refusals=(Refusal("400", "anthropic/error_400_invalid_request", ErrorClass.INVALID_INPUT,
-                          "max_tokens: 200000 > 64000"),),
-        rate_limit=RateLimit("anthropic/error_429_rate_limit", 17.0),
-        server_errors={500: "anthropic/error_500_api", 529: "anthropic/error_529_overloaded"},
-        lost=DROP,
-        paid_failures=(PaidFailure("200-refusal", "anthropic/message_refusal",
-                                   error="the model refused to answer (stop_reason: refusal)",
-                                   usage=Usage(input_tokens=38, output_tokens=5)),),
-        # anthropic/message answers claude-sonnet-4-5-20250929 (priced as claude-sonnet-4-5: $3 input, $15
-        # output, $3.75 cache write, $0.30 cache read per million; anthropic.com/pricing, 2026-11):
-        # 21 * 3 + 412 * 15 + 1,870 * 3.75 + 3,054 * 0.30 = 63 + 6,180 + 7,012.5 + 916.2 = 14,171.7
-        # -> $0.0141717, kept to the micro-dollar (half up) as the card keeps it: $0.014172.
-        prices=(PriceCase("message", Decimal("0.014172"), submit="anthropic/message"),),
-    ),
-    Profile(
-        id="openai",
-        fixtures="openai/error_",
-        adapter=OpenAICompatibleProvider,
-        model="gpt-4.1-mini",
-        kind="text",
-        backend="replay",
-        route=("POST", "/v1/chat/completions"),
-        accepted="openai/chat_completion",
-        accepted_id=OPENAI_COMPLETION_ID,
-        refusals=(
-            Refusal("400", "openai/error_400_invalid_request", ErrorClass.INVALID_INPUT, "max_tokens is too large"),
-            Refusal("400-content-policy", "openai/error_400_content_policy", ErrorClass.REFUSED,
-                    "rejected as a result of our safety system"),
-        ),
-        rate_limit=RateLimit("openai/error_429_rate_limit", 2.0),
-        server_errors={500: "openai/error_500_server"},
-        lost=DROP,
-        paid_failures=(PaidFailure("200-content-filter", "openai/chat_completion_content_filter",
-                                   error="finish_reason: content_filter", usage=Usage(input_tokens=57)),),
-        # openai/chat_completion answers gpt-4.1-mini-2025-04-14 (priced as gpt-4.1-mini: $0.40 input, $1.60
-        # output, $0.10 cached input per million; openai.com/api/pricing, 2026-11). prompt_tokens 2,306
-        # include 1,920 cached: 386 * 0.40 + 301 * 1.60 + 1,920 * 0.10 = 154.4 + 481.6 + 192 = 828 -> $0.000828.
-        prices=(PriceCase("chat completion", Decimal("0.000828"), submit="openai/chat_completion"),),
-    ),
-    Profile(
-        id="replicate",
-        fixtures="replicate/error_",
-        adapter=ReplicateProvider,
-        model=FLUX_SCHNELL,
-        kind="media",
-        backend="replay",
-        route=("POST", f"/v1/models/{FLUX_SCHNELL}/predictions"),
-        accepted="replicate/prediction_starting",
-        accepted_id=PREDICTION_ID,
-        refusals=(Refusal("422", "replicate/error_422_invalid_input", ErrorClass.INVALID_INPUT,
-                          "aspect_ratio must be one of"),),
-        rate_limit=RateLimit("replicate/error_429_throttled", 6.0),
-        server_errors={500: "replicate/error_500_internal"},
-        lost=DROP,
-        paid_failures=(PaidFailure(
-            "nsfw", "replicate/prediction_starting",
-            then=(("GET", f"/v1/predictions/{PREDICTION_ID}", "replicate/prediction_failed_nsfw"),),
-            error="NSFW content detected. Try running it again, or try a different prompt.",
-            error_class=ErrorClass.REFUSED),),
-        # The listing (predictions_page_1, _2) holds our prediction on page 2; without it, page 2 reaches a
-        # prediction older than the submit: absence proven.
-        lookup=LookupCase(
-            ("GET", "/v1/predictions"),
-            found=(("GET", "/v1/predictions", "replicate/predictions_page_1", "replicate/predictions_page_2"),),
-            absent=(("GET", "/v1/predictions", "replicate/predictions_page_1", replicate_page_2_without_ours()),),
-            found_id=PREDICTION_ID,
-            submitted_at=REPLICATE_SUBMITTED_AT,
-        ),
-        cancel=CancelCase(("POST", "/v1/predictions/{id}/cancel"), answers=("replicate/prediction_canceled",),
-                          upstream_id=PREDICTION_ID),
-        wire_model=(f"{FLUX_SCHNELL}:{REPLICATE_VERSION}", ("POST", "/v1/predictions")),
-        callback=replicate_callback,
-        # flux-schnell is priced per output image: $3 per thousand (replicate.com/black-forest-labs/
-        # flux-schnell); prediction_succeeded made one (metrics.image_count 1): $0.003. Its predict_time
-        # (0.712843 s) is not what it is billed by.
-        prices=(PriceCase("one image", Decimal("0.003000"), submit="replicate/prediction_starting",
-                          then=(("GET", f"/v1/predictions/{PREDICTION_ID}", "replicate/prediction_succeeded"),)),),
-        params={"aspect_ratio": "16:9", "output_format": "png"},
-    ),
-    Profile(
-        id="fal",
-        fixtures="fal/error_",
-        adapter=FalProvider,
-        model=FLUX_DEV,
-        kind="media",
-        backend="replay",
-        route=("POST", f"/{FLUX_DEV}"),
-        accepted="fal/submit_accepted",
-        accepted_id=FAL_REQUEST_ID,
-        refusals=(
-            Refusal("422", "fal/error_422_validation", ErrorClass.INVALID_INPUT, "prompt: Field required"),
-            Refusal("422-content-policy", "fal/result_error_422_content_policy", ErrorClass.REFUSED,
-                    "flagged by a content checker"),
-        ),
-        rate_limit=RateLimit("fal/error_429_rate_limited", 12.0),
-        server_errors={500: "fal/error_500_internal", 502: "fal/error_502_ingress", 503: "fal/error_503_unavailable",
-                       504: "fal/error_504_timeout"},
-        lost=DROP,
-        paid_failures=(
-            PaidFailure("nsfw-flagged", "fal/submit_accepted",
-                        then=(("GET", f"{FAL_REQUESTS}/status", "fal/status_completed"),
-                              ("GET", FAL_REQUESTS, "fal/result_flux_dev_nsfw")),
-                        error="the image was flagged by fal's safety checker (has_nsfw_concepts)",
-                        error_class=ErrorClass.REFUSED),
-            PaidFailure("422-content-policy", "fal/submit_accepted",
-                        then=(("GET", f"{FAL_REQUESTS}/status", "fal/status_completed_unprocessable"),
-                              ("GET", FAL_REQUESTS, "fal/result_error_422_content_policy")),
-                        error="prompt: The content was flagged by a content checker.",
-                        error_class=ErrorClass.REFUSED),
-        ),
-        cancel=CancelCase(("PUT", f"{FAL_REQUESTS}/cancel"), answers=("fal/cancel_requested",),
-                          upstream_id=FAL_REQUEST_ID),
-        callback=fal_callback,
-        # FLUX.1 [dev] on fal: $0.025 per megapixel, an image rounded up to the next megapixel
-        # (fal.ai/models/fal-ai/flux/dev). result_flux_dev is 1024 x 768 = 786,432 px = 0.79 MP -> 1 MP:
-        # $0.025. Its inference_time (2.1843 s) is not what it is billed by.
-        prices=(PriceCase("one image, landscape_4_3", Decimal("0.025000"), submit="fal/submit_accepted",
-                          then=(("GET", f"{FAL_REQUESTS}/status", "fal/status_completed"),
-                                ("GET", FAL_REQUESTS, "fal/result_flux_dev"))),),
-        params={"image_size": "landscape_4_3", "num_images": 1},
-    ),
-    Profile(
-        id="openai-images",
-        fixtures="openai/images_error_",
-        adapter=OpenAIImagesProvider,
-        model="gpt-image-1",
-        kind="media",
-        backend="replay",
-        route=("POST", "/v1/images/generations"),
-        accepted="openai/images_generation",
-        accepted_id=OPENAI_IMAGE_REQUEST_ID,
-        refusals=(
-            Refusal("400-invalid-size", "openai/images_error_400_invalid_size", ErrorClass.INVALID_INPUT,
-                    "Invalid value: '1792x1024'"),
-            Refusal("400-content-policy", "openai/images_error_400_content_policy", ErrorClass.REFUSED,
-                    "rejected as a result of our safety system"),
-            Refusal("400-moderation-blocked", "openai/images_error_400_moderation_blocked", ErrorClass.REFUSED,
-                    "rejected by the safety system"),
-        ),
-        rate_limit=RateLimit("openai/images_error_429_rate_limit", 12.0),
-        server_errors={500: "openai/images_error_500_server", 503: "openai/images_error_503_overloaded"},
-        lost=DROP,
-        prices=(
-            # gpt-image-1 bills tokens (openai.com/api/pricing, 2026-12-03): text input $5, image output $40 per
-            # million. images_generation (medium, 1024x1024) reports 17 text input and 1,056 image output
-            # tokens: 17 * 5 + 1,056 * 40 = 85 + 42,240 = 42,325 -> $0.042325 (the per-image table's $0.042
-            # is those 1,056 tokens rounded, the prompt not counted).
-            PriceCase("gpt-image-1 medium 1024x1024", Decimal("0.042325"), submit="openai/images_generation",
-                      params={"size": "1024x1024", "quality": "medium"}),
-            # dall-e-3 bills per image, by quality and size: standard 1024x1024 is $0.04 (no tokens).
-            PriceCase("dall-e-3 standard 1024x1024", Decimal("0.040000"), submit="openai/images_generation_url",
-                      model="dall-e-3", params={"size": "1024x1024", "quality": "standard"}),
-        ),
-        params={"size": "1024x1024", "quality": "medium"},
-    ),
-)
+# Each provider's profile is its folder's (executor/providers/<package>/conformance.py): every provider of
+# PROVIDERS has one, so a provider cannot be added without its profile.
+PROFILES = tuple(profile for spec in PROVIDERS
+                 for profile in importlib.import_module(f"executor.providers.{spec.package}.conformance").PROFILES)
+# The signed callbacks the suite makes as each provider does (a profile names its provider's).
+CALLBACKS = {"sandbox": sandbox_callback, "replicate": replicate_callback, "fal": fal_callback}
 PROFILE = {profile.id: profile for profile in PROFILES}
 IDS = [profile.id for profile in PROFILES]
 
@@ -1073,6 +743,15 @@ def test_a_parameter_named_like_an_own_field_never_replaces_payonces_value(profi
 # -- the profiles are held to the capabilities --------------------------------------------------------
 
 
+def test_every_provider_has_a_profile_in_its_folder_and_a_lost_reply_is_the_replay_servers_drop():
+    # Each provider's profiles are its folder's data (executor/providers/<package>/conformance.py), read
+    # here for every spec of PROVIDERS: a new provider's folder without one fails at collection, and one
+    # without a profile of its own provider fails here.
+    assert {profile.provider for profile in PROFILES} == {spec.name for spec in PROVIDERS}
+    assert conformance.DROP == DROP  # the data's marker is the server's
+
+
+
 @pytest.mark.parametrize("profile", PROFILES, ids=IDS)
 def test_every_declared_capability_has_its_case(profile, harness):
     """Both ways: a declared capability without its case would be skipped untested, and a case whose
@@ -1107,7 +786,7 @@ def available_5xx(profile: Profile) -> set[int]:
     for status, answer in profile.server_errors.items():
         assert fixture(answer)["status"] == status, f"{profile.id}: {answer} does not answer {status}"
     directory, _, stem = profile.fixtures.partition("/")
-    return {fixture(f"{directory}/{path.stem}")["status"] for path in (FIXTURES_DIR / directory).glob(f"{stem}5*.json")}
+    return {fixture(f"{directory}/{path.stem}")["status"] for path in fixtures_dir(directory).glob(f"{stem}5*.json")}
 
 
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p.backend == "replay"], ids=lambda p: p.id)

@@ -16,12 +16,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.test import Client
 
 from executor import callbacks
-from executor.providers import fal, real
+from executor.providers import real
+from executor.providers.fal import adapter as fal
 from executor.providers.base import ErrorClass, ProviderError, Usage
-from executor.providers import fal_webhooks
-from executor.providers.fal import CAPABILITIES, FalProvider
-from executor.providers.fal_webhooks import verify_webhook
-from executor.providers.replay import FAL_REPLAY_MEDIA_PREFIX, REPLAY_PNG, fixture
+from executor.providers.fal import webhooks as fal_webhooks
+from executor.providers.fal.adapter import CAPABILITIES, FalProvider
+from executor.providers.fal.webhooks import verify_webhook
+from executor.providers.fal.replay import REPLAY_MEDIA_PREFIX as FAL_REPLAY_MEDIA_PREFIX
+from executor.providers.replay import REPLAY_PNG, fixture
 import threading
 import time
 

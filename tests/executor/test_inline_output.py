@@ -34,7 +34,7 @@ def openai(settings):
         settings.REAL_PROVIDERS = True
         settings.OPENAI_API_KEY = "sk-proj-test-key"
         settings.OPENAI_BASE_URL = server.url + "/v1"
-        server.script("POST", PATH, "openai/images_generation")
+        server.script("POST", PATH, "openai_images/images_generation")
         yield server
         assert server.unexpected == [], f"requests nothing was scripted for: {server.unexpected}"
 

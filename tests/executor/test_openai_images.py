@@ -12,7 +12,7 @@ import pytest
 
 from executor.providers import real
 from executor.providers.base import ErrorClass, ProviderError, Usage
-from executor.providers.openai_images import (
+from executor.providers.openai_images.adapter import (
     CAPABILITIES,
     DEFAULTS,
     IMAGE_READ_TIMEOUT_S,
@@ -30,7 +30,7 @@ UNROUTABLE = "http://10.255.255.1:9"  # a private address nothing answers on
 PATH = "/v1/images/generations"
 PROMPT = "a lighthouse at dusk"
 METADATA = {"payonce_job": "3f1c2b9e-job", "payonce_attempt": 2, "upstream_key": "payonce-3f1c2b9e-job-2"}
-PNG = base64.b64decode(fixture("openai/images_generation")["body"]["data"][0]["b64_json"])
+PNG = base64.b64decode(fixture("openai_images/images_generation")["body"]["data"][0]["b64_json"])
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def submit(provider, model="gpt-image-1", *, prompt=PROMPT, params=None, inputs=
 
 
 def answer_with(image: bytes, **body) -> dict:
-    recorded = fixture("openai/images_generation")
+    recorded = fixture("openai_images/images_generation")
     recorded["body"]["data"] = [{"b64_json": base64.b64encode(image).decode()}]
     recorded["body"].update(body)
     return recorded
@@ -84,7 +84,7 @@ def test_capabilities_say_a_lost_reply_is_held_for_a_person():
 
 
 def test_request_shape_and_the_image_comes_back_decoded(live):
-    live.script("POST", PATH, "openai/images_generation")
+    live.script("POST", PATH, "openai_images/images_generation")
 
     submission = submit(OpenAIImagesProvider(), params={"size": "1024x1024", "quality": "medium",
                                                         "output_format": "png", "moderation": "low"})
@@ -109,7 +109,7 @@ def test_request_shape_and_the_image_comes_back_decoded(live):
 
 
 def test_n_is_sent_as_one_and_anything_else_is_refused_before_sending(live):
-    live.script("POST", PATH, "openai/images_generation")
+    live.script("POST", PATH, "openai_images/images_generation")
     provider = OpenAIImagesProvider()
 
     submit(provider, params={"n": 1})
@@ -126,7 +126,7 @@ def test_n_is_sent_as_one_and_anything_else_is_refused_before_sending(live):
 
 
 def test_an_answer_without_a_request_id_gets_a_deterministic_one(live):
-    recorded = fixture("openai/images_generation")
+    recorded = fixture("openai_images/images_generation")
     del recorded["headers"]["x-request-id"]
     live.script("POST", PATH, recorded, recorded)
 
@@ -154,14 +154,14 @@ def test_the_content_type_is_what_the_image_is(live, image, output_format, conte
 
 
 def test_dall_e_3_answers_a_url_and_no_bytes(live):
-    live.script("POST", PATH, "openai/images_generation_url")
+    live.script("POST", PATH, "openai_images/images_generation_url")
 
     submission = submit(OpenAIImagesProvider(), "dall-e-3",
                         params={"size": "1792x1024", "quality": "hd", "style": "natural"})
 
     assert live.requests[0].json == {"model": "dall-e-3", "prompt": PROMPT, "size": "1792x1024", "quality": "hd",
                                      "style": "natural", "n": 1}
-    recorded = fixture("openai/images_generation_url")["body"]["data"][0]
+    recorded = fixture("openai_images/images_generation_url")["body"]["data"][0]
     assert (submission.status, submission.output, submission.output_url) == ("succeeded", None, recorded["url"])
     assert submission.usage == Usage(units=1)  # dall-e-3 reports no tokens
     assert submission.raw["data"][0]["revised_prompt"] == recorded["revised_prompt"]
@@ -202,19 +202,19 @@ def test_references_are_refused_before_sending(live):
 @pytest.mark.parametrize(
     ("answer", "kind", "unknown", "retry_after"),
     [
-        ("openai/images_error_400_moderation_blocked", ErrorClass.REFUSED, False, None),
-        ("openai/images_error_400_content_policy", ErrorClass.REFUSED, False, None),
-        ("openai/images_error_400_invalid_size", ErrorClass.INVALID_INPUT, False, None),
-        (with_error("openai/images_error_400_invalid_size", code="billing_hard_limit_reached",
+        ("openai_images/images_error_400_moderation_blocked", ErrorClass.REFUSED, False, None),
+        ("openai_images/images_error_400_content_policy", ErrorClass.REFUSED, False, None),
+        ("openai_images/images_error_400_invalid_size", ErrorClass.INVALID_INPUT, False, None),
+        (with_error("openai_images/images_error_400_invalid_size", code="billing_hard_limit_reached",
                     message="Billing hard limit has been reached"), ErrorClass.UNAVAILABLE, False, None),
-        ("openai/images_error_401_invalid_api_key", ErrorClass.AUTH, False, None),
+        ("openai_images/images_error_401_invalid_api_key", ErrorClass.AUTH, False, None),
         (with_error("openai/error_404_model_not_found", message="The model `dall-e-3` does not exist or you do not "
                                                                 "have access to it."),
          ErrorClass.UNAVAILABLE, False, None),
-        ("openai/images_error_429_rate_limit", ErrorClass.RATE_LIMITED, False, 12.0),
-        ("openai/images_error_429_insufficient_quota", ErrorClass.UNAVAILABLE, False, None),
-        ("openai/images_error_500_server", ErrorClass.SERVER_ERROR, True, None),
-        ("openai/images_error_503_overloaded", ErrorClass.SERVER_ERROR, True, None),
+        ("openai_images/images_error_429_rate_limit", ErrorClass.RATE_LIMITED, False, 12.0),
+        ("openai_images/images_error_429_insufficient_quota", ErrorClass.UNAVAILABLE, False, None),
+        ("openai_images/images_error_500_server", ErrorClass.SERVER_ERROR, True, None),
+        ("openai_images/images_error_503_overloaded", ErrorClass.SERVER_ERROR, True, None),
     ],
     ids=["400-moderation", "400-content-policy", "400-invalid", "400-billing", "401", "404-retired", "429",
          "429-quota", "500", "503"],
@@ -247,7 +247,7 @@ def test_a_dropped_connection_is_network_with_an_unknown_outcome(live):
 
 
 def test_no_answer_in_time_is_a_timeout_with_an_unknown_outcome(live):
-    live.script("POST", PATH, Delayed(1.5, "openai/images_generation"))
+    live.script("POST", PATH, Delayed(1.5, "openai_images/images_generation"))
 
     with pytest.raises(ProviderError) as raised:
         submit(OpenAIImagesProvider(read_timeout_s=0.3))
@@ -266,7 +266,7 @@ def test_an_image_is_waited_for_longer_than_a_text(live, monkeypatch):
         return real_send(*args, **kwargs)
 
     monkeypatch.setattr(http, "send", spy)
-    live.script("POST", PATH, "openai/images_generation")
+    live.script("POST", PATH, "openai_images/images_generation")
 
     submit(OpenAIImagesProvider())
 

@@ -127,7 +127,7 @@ def test_an_image_answered_in_the_body_costs_six_write_commits_too(settings):
     with ReplayServer() as openai:
         settings.REAL_PROVIDERS, settings.OPENAI_API_KEY = True, "sk-proj-test-key"
         settings.OPENAI_BASE_URL = openai.url + "/v1"
-        openai.script("POST", OPENAI_IMAGES_PATH, "openai/images_generation", "openai/images_generation")
+        openai.script("POST", OPENAI_IMAGES_PATH, "openai_images/images_generation", "openai_images/images_generation")
         credentials = services.client_create(name="budget", webhook_url=HOOK_URL)
         image = {"models": ["openai-images/gpt-image-1"], "input": {"prompt": "budget"}}
         media_job_statements(credentials, "warm-up", **image)

@@ -66,7 +66,7 @@ class SubmitRaises:
     """The sandbox adapter, except that submitting (the step that is already done) fails the test."""
 
     def __init__(self):
-        from executor.providers.sandbox import SandboxProvider
+        from executor.providers.sandbox.adapter import SandboxProvider
 
         self.real = SandboxProvider()
 

@@ -135,7 +135,7 @@ class ProviderThatRefusesRepeats:
     test (the resume must not ask for them)."""
 
     def __init__(self, done_keys):
-        from executor.providers.sandbox import SandboxProvider
+        from executor.providers.sandbox.adapter import SandboxProvider
 
         self.inner, self.done_keys, self.asked = SandboxProvider(), set(done_keys), []
 

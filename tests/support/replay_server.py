@@ -6,7 +6,7 @@ of recorded responses (status, headers, body) per route and records every reques
     ...  # point an adapter at server.url
     server.requests[0].json["model"]
 
-A response is a fixture name (executor/providers/fixtures/<name>.json), a `{"status", "headers", "body"}`
+A response is a fixture name (`<package>/<stem>`: executor/providers/<package>/fixtures/<stem>.json), a `{"status", "headers", "body"}`
 dict, `DROP` (read the request, then close the connection without a word: the request arrived, the answer
 was lost), or `Delayed(seconds, response)`. Each request on a route takes the next response; a request with
 nothing scripted for it answers 599 and is listed in `unexpected`, so a test sees it.

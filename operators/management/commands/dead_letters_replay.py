@@ -5,8 +5,5 @@ from operators.management.commands import replay_deliveries
 
 
 class Command(replay_deliveries.Command):
-    help = ("Replay dead letters (deliveries that used up their retries), chosen by --id (repeatable), --client "
-            "and/or --since; the retry schedule starts again. Deliveries that are not dead are counted and "
-            "skipped. A reason and one audit row. No filter at all is refused unless --all is given. "
-            "--dry-run previews.")
+    action = "replay_dead"
     dead_only = True

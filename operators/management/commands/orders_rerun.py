@@ -1,20 +1,16 @@
-"""manage.py orders_rerun: run paid orders' report jobs again (operators.operations.jobs_act, action "rerun", as
-the admin's per-order re-run): the chapters already written are read back, the rest are paid again."""
+"""manage.py orders_rerun: run paid orders' report jobs again (operators.actions' "rerun", as the admin's
+per-order re-run): the chapters already written are read back, the rest are paid again."""
 
 import uuid
 
 from jobs.models import Job
 from operators import cli
-from operators.models import OperatorActionKind
-from operators.operations import jobs_act, month_range, preview_jobs
+from operators.operations import month_range
 from orders.models import Order, OrderStatus
 
 
-class Command(cli.OperatorCommand):
-    help = ("Re-run the report jobs of paid orders, chosen by --order ID (repeatable) or by --product, --month "
-            "and --client. Only failed or waiting reports start again; their written chapters are kept and the "
-            "rest PAY AGAIN (the worst case is printed first). A reason and one audit row. No filter at all is "
-            "refused unless --all is given. --dry-run previews.")
+class Command(cli.ActionCommand):
+    action = "rerun"
 
     def add_arguments(self, parser):
         group = parser.add_argument_group("which orders (--order, or any of the others)")
@@ -54,6 +50,4 @@ class Command(cli.OperatorCommand):
         cli.refuse_everything(options, filtered=bool(parts), what="paid order")
         target = "orders: " + (", ".join(parts) or "every paid order")
         jobs = Job.objects.filter(id__in=paid.values("job_id"))
-        cli.run_action(self, options, pays_again=True,
-                       preview=lambda: preview_jobs(action=OperatorActionKind.RERUN, jobs=jobs, target=target),
-                       act=lambda **who: jobs_act(action=OperatorActionKind.RERUN, jobs=jobs, target=target, **who))
+        cli.run_action(self, options, self.taken, rows=jobs, target=target)

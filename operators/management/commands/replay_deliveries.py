@@ -1,17 +1,14 @@
-"""manage.py replay_deliveries: send webhook deliveries again (operators.operations.deliveries_replay, the one
-door every replay goes through, the admin's too): the exact stored envelope under the same webhook-id, the
-retry schedule from its start; nothing is paid. A reason and one audit row."""
+"""manage.py replay_deliveries: send webhook deliveries again (operators.actions' "replay_deliveries", or with
+--dead "replay_dead", as the admin's replays): the exact stored envelope under the same webhook-id, the retry
+schedule from its start; nothing is paid. A reason and one audit row."""
 
 from operators import cli
-from operators.operations import deliveries_preview, deliveries_replay
+from operators.actions import BY_NAME
 from webhooks.models import Delivery
 
 
-class Command(cli.OperatorCommand):
-    help = ("Replay deliveries, whatever their status (a receiver that lost a delivered one: receivers dedupe on "
-            "webhook-id), chosen by --id (repeatable), --client and/or --since; with --dead, only the dead "
-            "letters among them. A reason and one audit row. No filter at all is refused unless --all is given. "
-            "--dry-run previews.")
+class Command(cli.ActionCommand):
+    action = "replay_deliveries"
     # Only the dead letters among the chosen deliveries (dead_letters_replay is this command with it fixed).
     dead_only = False
 
@@ -49,7 +46,5 @@ class Command(cli.OperatorCommand):
             parts.append(f"since={since}")
         cli.refuse_everything(options, filtered=bool(parts), what=self.noun)
         target = ("dead letters: " if dead_only else "deliveries: ") + (", ".join(parts) or "every delivery")
-        cli.run_action(self, options,
-                       preview=lambda: deliveries_preview(deliveries=deliveries, target=target, dead_only=dead_only),
-                       act=lambda **who: deliveries_replay(deliveries=deliveries, target=target, dead_only=dead_only,
-                                                           **who))
+        cli.run_action(self, options, BY_NAME["replay_dead"] if dead_only else self.taken, rows=deliveries,
+                       target=target)

@@ -10,15 +10,14 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import rates
-from executor.providers import provider_for, real
+from executor.providers import PROVIDERS, provider_for, real, spec_of
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
 
-TEXT_PROVIDERS = ("anthropic", "openai")
-MEDIA_PROVIDERS = ("fal", "openai-images", "replicate")
-# The cheapest output each media provider's default models make: one small, low-quality image.
-SMOKE_PARAMS = {"fal": {"image_size": "square", "num_images": 1, "num_inference_steps": 4},
-                "openai-images": {"quality": "low", "size": "1024x1024"}, "replicate": {}}
+# What each provider's spec offers (`smoke`); a media provider's `smoke_params` are the cheapest output its
+# default models make: one small, low-quality image.
+TEXT_PROVIDERS = tuple(spec.name for spec in PROVIDERS if spec.smoke == "text")
+MEDIA_PROVIDERS = tuple(spec.name for spec in PROVIDERS if spec.smoke == "media")
 MEDIA_WAIT_S = 600.0
 
 
@@ -38,7 +37,7 @@ class Command(BaseCommand):
             raise CommandError("REAL_PROVIDERS is off: the adapters answer from recorded fixtures, and nothing "
                                "real would be called. Set REAL_PROVIDERS=1 and the provider's key.")
         if not real.provider_is_usable(provider):
-            raise CommandError(f"{real.KEY_SETTINGS[provider]} is not set: there is no key to call {provider} with.")
+            raise CommandError(f"{real.key_settings()[provider]} is not set: there is no key to call {provider} with.")
         name = f"{provider}/{model}"
         spec = model_spec(name)
         if provider in MEDIA_PROVIDERS:
@@ -66,7 +65,7 @@ class Command(BaseCommand):
         """One render, polled to its end (at most MEDIA_WAIT_S): what the provider answered and what the rate
         card makes of it. A lost answer is said plainly: the render may have been made and charged."""
         adapter = provider_for(spec.provider)
-        params = dict(SMOKE_PARAMS[spec.provider])
+        params = dict(spec_of(spec.provider).smoke_params)
         try:
             submitted = adapter.submit(spec.model, upstream_key="payonce-smoke-1", prompt="a red square",
                                        params=params, metadata={}, inputs=[])

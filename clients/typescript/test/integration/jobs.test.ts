@@ -77,7 +77,8 @@ describe.concurrent("jobs on a real stack", () => {
     const held = Array.from({ length: 20 }, () => po.jobs.events(long.id)); // SSE_MAX_PER_CLIENT
     try {
       await Promise.all(held.map((stream) => stream.next())); // each stream's first frame: its slot is taken
-      const job = await po.jobs.create(render(0));
+      // A render of 2 s: one of 0 s can settle before wait's first read, and then no stream is asked for.
+      const job = await po.jobs.create(render(2));
       const done = await po.jobs.wait(job.id, { timeoutMs: 20_000, pollIntervalMs: 200 });
       expect(done.status).toBe("succeeded");
       const mine = recorder.seen.filter((r) => r.url.includes(job.id));

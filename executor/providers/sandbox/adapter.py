@@ -7,11 +7,13 @@ from executor.providers.base import (
     PollResult,
     ProviderError,
     Submission,
+    WorkStatus,
     classify_http_error,
     parse_retry_after,
 )
 from executor import callbacks
-from executor.providers import anthropic, http, real
+from executor.providers import http, real
+from executor.providers.anthropic import adapter as anthropic
 
 
 def _seconds(value) -> float | None:
@@ -46,7 +48,7 @@ class SandboxProvider:
     @staticmethod
     def _submission(data: dict) -> Submission:
         return Submission(
-            upstream_id=data["id"], status=data.get("status", "running"), cost_usd=data.get("cost_usd"),
+            upstream_id=data["id"], status=WorkStatus(data.get("status", WorkStatus.RUNNING)), cost_usd=data.get("cost_usd"),
             output_url=(data.get("output") or {}).get("url"), error=(data.get("error") or {}).get("message"),
             raw=data, expected_s=_seconds(data.get("expected_s")),
         )
@@ -73,7 +75,7 @@ class SandboxProvider:
         output = data.get("output") or {}
         error = data.get("error") or {}
         return PollResult(
-            status=data["status"],
+            status=WorkStatus(data["status"]),
             output_url=output.get("url"),
             content_type=output.get("content_type"),
             error=error.get("message"),

@@ -30,6 +30,7 @@ from executor.providers.base import (
     ProviderError,
     Submission,
     Usage,
+    WorkStatus,
     classify_http_error,
     parse_retry_after,
 )
@@ -39,8 +40,8 @@ from executor.providers.base import (
 CAPABILITIES = Capabilities(idempotency_key=False, lookup=True, asynchronous=True, cancel=True, window_s=1800.0,
                             unpaid_statuses=frozenset({429}), callbacks=True)
 
-_STATUSES = {"starting": "running", "processing": "running", "succeeded": "succeeded", "failed": "failed",
-             "canceled": "cancelled", "aborted": "failed"}
+_STATUSES = {"starting": WorkStatus.RUNNING, "processing": WorkStatus.RUNNING, "succeeded": WorkStatus.SUCCEEDED,
+             "failed": WorkStatus.FAILED, "canceled": WorkStatus.CANCELLED, "aborted": WorkStatus.FAILED}
 # A failed prediction (or a rejected input) that is a content refusal: FLUX's "NSFW content detected",
 # safety checkers, moderation filters.
 _REFUSAL_WORDS = re.compile(r"nsfw|safety|content (policy|filter|moderation)|flagged as sensitive", re.IGNORECASE)
@@ -114,18 +115,18 @@ class ReplicateProvider(real.RealAdapter):
 
     def poll(self, model: str, upstream_id: str) -> PollResult:
         data = http.json_answer(self._call("GET", self._api(f"/predictions/{upstream_id}")))
-        status = _STATUSES.get(data.get("status"), "running")
+        status = _STATUSES.get(data.get("status"), WorkStatus.RUNNING)
         output_url = first_output(data.get("output"))
         error = data.get("error")
         error = str(error) if error else None
-        if status == "failed" and not error:
+        if status == WorkStatus.FAILED and not error:
             error = f"prediction {data.get('status')}"
         return PollResult(
             status=status,
             output_url=output_url,
             content_type=mimetypes.guess_type(urlsplit(output_url).path)[0] if output_url else None,
             error=error,
-            error_class=ErrorClass.REFUSED if status == "failed" and error and _REFUSAL_WORDS.search(error) else None,
+            error_class=ErrorClass.REFUSED if status == WorkStatus.FAILED and error and _REFUSAL_WORDS.search(error) else None,
             usage=usage_of(data),
             raw=data,
         )
@@ -222,7 +223,7 @@ def submission(data: dict) -> Submission:
     error = data.get("error")
     return Submission(
         upstream_id=data["id"],
-        status=_STATUSES.get(data.get("status"), "running"),
+        status=_STATUSES.get(data.get("status"), WorkStatus.RUNNING),
         output_url=first_output(data.get("output")),
         error=str(error) if error else None,
         usage=usage_of(data),

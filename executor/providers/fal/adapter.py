@@ -39,7 +39,7 @@ Reference media are not supported (`upload_input` refuses): fal's upload is a si
 another host, and the key goes to the base URL only. A caller passes a public URL in `params` instead
 (`image_url`, as the model names it).
 
-Webhooks are signed with ED25519 and checked by executor.providers.fal_webhooks.
+Webhooks are signed with ED25519 and checked by executor.providers.fal.webhooks.
 """
 
 import mimetypes
@@ -56,6 +56,7 @@ from executor.providers.base import (
     ProviderError,
     Submission,
     Usage,
+    WorkStatus,
     classify_http_error,
     parse_retry_after,
 )
@@ -137,7 +138,7 @@ class FalProvider(real.RealAdapter):
         state = http.json_answer(self._call("GET", url + "/status"))
         if state.get("status") != "COMPLETED":
             # IN_QUEUE, IN_PROGRESS, or a status fal may add: still waited on, inside the attempt's window.
-            return PollResult(status="running", raw=state)
+            return PollResult(status=WorkStatus.RUNNING, raw=state)
         usage = usage_of(state)
         if not (state.get("error") or state.get("error_type")):
             response = self._send("GET", url)
@@ -198,7 +199,7 @@ def submission(data: dict) -> Submission:
         # A 2xx that names no request: fal may well have queued one, which nobody can now poll or cancel.
         raise ProviderError(ErrorClass.SERVER_ERROR, f"submit answered without request_id: {str(data)[:300]}",
                             outcome_unknown=True)
-    return Submission(upstream_id=request_id, status="running", raw=data)
+    return Submission(upstream_id=request_id, status=WorkStatus.RUNNING, raw=data)
 
 
 def usage_of(state: dict) -> Usage | None:
@@ -228,12 +229,12 @@ def completed(state: dict, result: dict, usage: Usage | None) -> PollResult:
     flags = result.get("has_nsfw_concepts")
     if isinstance(flags, list) and flags and flags[0] is True:
         # The image was made, and is billed, but flagged: a refusal.
-        return PollResult(status="failed", error="the image was flagged by fal's safety checker (has_nsfw_concepts)",
+        return PollResult(status=WorkStatus.FAILED, error="the image was flagged by fal's safety checker (has_nsfw_concepts)",
                           error_class=ErrorClass.REFUSED, usage=usage, raw=raw)
     if not url:
-        return PollResult(status="failed", error=f"completed without an output URL: {str(result)[:300]}",
+        return PollResult(status=WorkStatus.FAILED, error=f"completed without an output URL: {str(result)[:300]}",
                           usage=usage, raw=raw)
-    return PollResult(status="succeeded", output_url=url, content_type=content_type, usage=usage, raw=raw)
+    return PollResult(status=WorkStatus.SUCCEEDED, output_url=url, content_type=content_type, usage=usage, raw=raw)
 
 
 def failed(state: dict, response, usage: Usage | None) -> PollResult:
@@ -251,14 +252,14 @@ def failed(state: dict, response, usage: Usage | None) -> PollResult:
     message = message or _text(state.get("error")) or error_type or "the request failed upstream"
     raw = {**state, "result": body, "result_status": result_status}
     if error_type == _CANCELLED_TYPE:
-        return PollResult(status="cancelled", error=message, usage=usage, raw=raw)
+        return PollResult(status=WorkStatus.CANCELLED, error=message, usage=usage, raw=raw)
     if refused or _REFUSAL_WORDS.search(message):
         error_class = ErrorClass.REFUSED
     elif result_status is not None and model_error(result_status):
         error_class = ErrorClass.INVALID_INPUT  # the model refused this input: sending it again fails again
     else:
         error_class = None  # the executor's default (a server error)
-    return PollResult(status="failed", error=message, error_class=error_class, usage=usage, raw=raw)
+    return PollResult(status=WorkStatus.FAILED, error=message, error_class=error_class, usage=usage, raw=raw)
 
 
 def model_error(status: int) -> bool:

@@ -1,4 +1,4 @@
-"""The check of the webhooks fal signs (the adapter is executor.providers.fal).
+"""The check of the webhooks fal signs (the adapter is executor.providers.fal.adapter).
 
 fal signs with ED25519: the message is the X-Fal-Webhook-Request-Id, -User-Id and -Timestamp headers and
 the hex SHA-256 of the raw body, joined by newlines; X-Fal-Webhook-Signature is its signature, in hex, by

@@ -32,6 +32,7 @@ from executor.providers.base import (
     ProviderError,
     Submission,
     Usage,
+    WorkStatus,
 )
 
 # No key, no lookup, nothing to cancel, answered in one call. OpenAI's error codes say a 429 is a rate
@@ -272,7 +273,7 @@ def submission(data: dict, headers, body: dict) -> Submission:
     digest = hashlib.sha256(output if output else url.encode()).hexdigest()[:12]
     return Submission(
         upstream_id=headers.get("x-request-id") or f"{data.get('created', 0)}-{digest}",
-        status="succeeded",
+        status=WorkStatus.SUCCEEDED,
         output=output,
         output_content_type=content_type_of(output, data.get("output_format") or body.get("output_format")),
         output_url=None if output else url,
