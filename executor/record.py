@@ -27,7 +27,7 @@ from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAIN
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
-from jobs.outcomes import JobFailure, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +128,10 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
             raise
         if rows is None:
             if job.cancelled_now():  # the reservation refuses a cancelled job
-                raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
-            raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not "
-                             "fit under this month's budget; nothing was sent.", model=model_name,
-                             worst_case_usd=str(worst))
+                raise JobFailure(JobErrorCode.CANCELLED, "The job was cancelled before this attempt was sent.")
+            raise JobFailure(JobErrorCode.BUDGET_EXCEEDED,
+                             f"The most this call to {model_name} can cost (${worst}) does not fit under this "
+                             "month's budget; nothing was sent.", model=model_name, worst_case_usd=str(worst))
         attempt = Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
                           model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
                           request=sent, spec=spec.snapshot(), sends=1, poll_errors=0, created_at=now, submitted_at=now)

@@ -43,7 +43,7 @@ from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError
 from executor.record import Money
 from executor.registry import model_spec, provider_params
-from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, JobHold, NotYet, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
                                    error_class=last.error_class, tries_on_model=counts["tries"], retry_in_s=retry_in,
                                    paid=last.paid == "yes", paid_failures=counts["paid_failures"])
-    if isinstance(decided, policy.Over) and decided.code == policy.PAID_ATTEMPT_FAILED:
+    if isinstance(decided, policy.Over) and decided.code == JobErrorCode.PAID_ATTEMPT_FAILED:
         raise _paid_attempt_failed(job, last)
     if isinstance(decided, policy.Over):
         details = {"attempt": last.number}
@@ -302,7 +302,7 @@ def _paid_attempt_failed(job, last: Attempt) -> JobFailure:
     allowed = job.policy.get("paid_retries", policy.DEFAULT_PAID_RETRIES)
     words = last.error or last.error_class or "it failed upstream"
     return JobFailure(
-        policy.PAID_ATTEMPT_FAILED,
+        JobErrorCode.PAID_ATTEMPT_FAILED,
         f"Attempt {last.number} on {last.model_name} was accepted and paid ({cost}), then failed: {words}. "
         f"The job's policy allows {allowed} paid retr{'y' if allowed == 1 else 'ies'} in a run; "
         "POST /v1/jobs/{id}/retry pays again under a new key.",
@@ -339,7 +339,7 @@ def _send(job, attempt: Attempt, *, done, fresh: bool = False) -> None:
         else:
             record.end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=Money.RELEASE,
                        error_class=ErrorClass.CANCELLED, error="the job was cancelled")
-        raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
+        raise JobFailure(JobErrorCode.CANCELLED, "The job was cancelled before this attempt was sent.")
     try:
         # A send of an attempt that went out before reuses what it referred to: the same key must carry
         # the same request. A new attempt uploads the references again.
@@ -579,7 +579,7 @@ def _uncertain_decided(attempt: Attempt, spec) -> None:
         record.move_money(attempt.upstream_key, Money.KEEP)
         return
     raise JobHold(
-        "UNCERTAIN_SUBMIT",
+        JobErrorCode.UNCERTAIN_SUBMIT,
         f"The submit of attempt {attempt.number} to {attempt.model_name} may or may not have been accepted "
         f"(and charged). Check the provider for upstream key {attempt.upstream_key}; "
         "POST /v1/jobs/{id}/retry pays again under a new key.",

@@ -20,6 +20,7 @@ from executor.selectors import attempts_json_sql, uncertain_upstream_keys
 from jobs import chain, selectors
 from jobs.errors import IdempotencyConflict, OutputKeyConflict
 from jobs.models import OPEN_STATUSES, Client, ClientAPIKey, Job, JobStatus, StepStatus
+from jobs.outcomes import JobErrorCode
 from jobs.serializers import job_as_dict
 from jobs.workflow import RECIPES
 from webhooks import services as webhooks
@@ -231,7 +232,8 @@ def job_cancel(*, job: Job) -> bool:
     executor is told on commit so it can cancel upstream work (a dead worker is never a cancel)."""
     with transaction.atomic():
         won = job_finish(
-            job_id=job.id, status=JobStatus.CANCELLED, error={"code": "CANCELLED", "message": "Cancelled by the client."}
+            job_id=job.id, status=JobStatus.CANCELLED,
+            error={"code": JobErrorCode.CANCELLED, "message": "Cancelled by the client."},
         )
         if won:
             _keep_uncertain_spend(job.id)
