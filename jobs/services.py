@@ -24,6 +24,7 @@ from jobs.outcomes import JobErrorCode
 from jobs.serializers import job_as_dict
 from jobs.workflow import RECIPES
 from webhooks import services as webhooks
+from webhooks.models import WebhookEvent
 
 logger = logging.getLogger(__name__)
 
@@ -189,13 +190,13 @@ def job_extend_enqueue_lease(*, job_id: uuid.UUID, seconds: float) -> None:
 
 
 _EVENT_FOR = {
-    JobStatus.SUCCEEDED: "generation.succeeded",
-    JobStatus.FAILED: "generation.failed",
-    JobStatus.CANCELLED: "generation.cancelled",
+    JobStatus.SUCCEEDED: WebhookEvent.SUCCEEDED,
+    JobStatus.FAILED: WebhookEvent.FAILED,
+    JobStatus.CANCELLED: WebhookEvent.CANCELLED,
 }
 
 
-def _emit(job: Job, event: str) -> None:
+def _emit(job: Job, event: WebhookEvent) -> None:
     """Write the outbox row for the state change just made to `job`, in its transaction."""
     webhooks.delivery_create(job=job, event=event, data=job_as_dict(job))
 
@@ -215,7 +216,8 @@ def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, er
     the same transaction; a writer that gets zero rows back lost the race (a success, a failure and a
     cancel can all try at once) and writes nothing. The UPDATE returns the row the event describes.
     """
-    assert status in _EVENT_FOR, status
+    if status not in _EVENT_FOR:  # only a terminal status ends a job (and has its event)
+        raise ValueError(status)
     prep = Job._meta.get_field("output").get_db_prep_save
     with transaction.atomic(savepoint=False):
         ended = list(Job.objects.raw(_FINISH_SQL, [status, prep(output, connection), prep(error, connection), job_id]))
@@ -253,7 +255,7 @@ def job_hold(*, job_id: uuid.UUID, run: int, error: dict) -> bool:
         )
         if not held:
             return False  # cancelled, or ended by another writer
-        _emit(Job.objects.get(id=job_id), "generation.needs_review")
+        _emit(Job.objects.get(id=job_id), WebhookEvent.NEEDS_REVIEW)
         log_event(logger, "job.held", job_id=job_id, run=run, error_code=error.get("code"))
     return True
 
