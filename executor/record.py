@@ -23,7 +23,8 @@ from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
 from config.sql import violated_constraint
-from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, STORED_OUTPUT, Attempt, AttemptState
+from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, STORED_OUTPUT, Attempt,
+                             AttemptState, ModelKind)
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
@@ -177,7 +178,7 @@ def attempt_spec(attempt: Attempt) -> ModelSpec:
         return found
     text = attempt.step != "submit"  # a report's synthesis and chapters are text calls; a render is `submit`
     capabilities = getattr(ADAPTERS.get(attempt.provider), "capabilities", CHEAP_LLM)
-    return ModelSpec(attempt.provider, attempt.model, "text" if text else "image",
+    return ModelSpec(attempt.provider, attempt.model, ModelKind.TEXT if text else ModelKind.IMAGE,
                      "text/markdown" if text else "application/octet-stream", "md" if text else "bin", capabilities)
 
 
@@ -266,7 +267,7 @@ def in_flight_s(attempt: Attempt) -> float:
     timeout and the read timeout of its kind of call (an LLM call may write for minutes; a model no longer
     in the catalog, and of which the attempt keeps no spec, is given the longer one)."""
     known = attempt.spec or model_spec(attempt.model_name) or code_spec(attempt.model_name)
-    text = not known or attempt_spec(attempt).kind == "text"
+    text = not known or attempt_spec(attempt).kind == ModelKind.TEXT
     return settings.PROVIDER_CONNECT_TIMEOUT_S + (settings.LLM_READ_TIMEOUT_S if text else settings.PROVIDER_READ_TIMEOUT_S)
 
 
