@@ -38,7 +38,7 @@ from billing import services as billing
 from config.metrics import count
 from config.sql import update_sql
 from executor import callbacks, policy, record, services
-from executor.models import Attempt, AttemptState
+from executor.models import PAID_YES, Attempt, AttemptState, Paid
 from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError
 from executor.record import Money
@@ -272,8 +272,8 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     # again from `last` would count that attempt as a try, call the model exhausted, and fail the job
     # with the other attempt out and charged (the storm found exactly that). This one steps back.
     # A try is an attempt (its unknown outcomes resent under one key are not tries); a paid failure is an
-    # attempt the provider accepted (charged, or maybe charged) that then failed: Attempt.paid == "yes".
-    paid = Q(accepted_at__isnull=False) | Q(cost_usd__isnull=False)
+    # attempt the provider accepted (charged, or maybe charged) that then failed: Attempt.paid == Paid.YES.
+    paid = PAID_YES
     earlier = Q(step=last.step, number__lte=last.number)
     counts = Attempt.objects.filter(job=job, run=job.run).aggregate(
         tries=Count("id", filter=earlier & Q(provider=last.provider, model=last.model)),
@@ -284,7 +284,7 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     retry_in = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
     decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
                                    error_class=last.error_class, tries_on_model=counts["tries"], retry_in_s=retry_in,
-                                   paid=last.paid == "yes", paid_failures=counts["paid_failures"])
+                                   paid=last.paid == Paid.YES, paid_failures=counts["paid_failures"])
     if isinstance(decided, policy.Over) and decided.code == JobErrorCode.PAID_ATTEMPT_FAILED:
         raise _paid_attempt_failed(job, last)
     if isinstance(decided, policy.Over):
