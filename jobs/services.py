@@ -65,11 +65,11 @@ def request_hash(validated: dict) -> str:
 # Validated fields of POST /v1/jobs that are not hashed, each with why. Every other field is: a field added
 # to the serializer is part of the Idempotency-Key's hash without an edit here, so two bodies that differ
 # in it are never one job (tests/jobs/test_idempotency_hash.py changes each field in turn and expects 409).
-HASH_EXCLUDED = {
+HASH_EXCLUDED = frozenset({
     # The input as the serializer cleaned it (what is stored and run). The hash reads the input as the
     # client sent it instead, `input_as_sent`, under the key `input` (job_create says why).
     "input",
-}
+})
 # Fields the hash wrote as null when the body left them out, as it did before it was derived from the
 # validated fields: kept so, or a replay of a body hashed then would answer 409. A field added later
 # enters the hash only when the body has it (it must then have no default: absent stays absent, as
