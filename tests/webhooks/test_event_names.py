@@ -39,3 +39,11 @@ def test_ending_a_job_in_a_status_that_is_not_terminal_is_refused():
     # Once an `assert`, which python -O removes.
     with pytest.raises(ValueError, match="running"):
         job_services.job_finish(job_id=None, status=JobStatus.RUNNING)
+
+
+def test_the_typescript_clients_event_type_names_the_enums_events():
+    # The client library knows payonce only by its HTTP API: its type of a webhook event spells them out.
+    source = (ROOT / "clients" / "typescript" / "src" / "types.ts").read_text()
+    interface = source.split("export interface WebhookEvent {", 1)[1].split("\n}", 1)[0]
+    type_line = next(line for line in interface.splitlines() if line.strip().startswith("type:"))
+    assert set(re.findall(r'"([a-z]+\.[a-z_]+)"', type_line)) == set(WebhookEvent.values)
