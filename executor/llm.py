@@ -18,7 +18,7 @@ from executor import policy, record, services
 from executor.models import Attempt, AttemptState
 from executor.providers.base import ProviderError
 from executor.record import Money
-from jobs.outcomes import JobFailure, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
 
 
 def worst_case(model_name: str, *, system: str, messages: list[dict], max_tokens: int) -> Decimal:
@@ -53,10 +53,10 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
         last = earlier[-1]
         if last.state == AttemptState.FAILED and last.error_class not in policy.LLM_RETRYABLE:
             code = (policy.STOP_CODES.get(last.error_class)
-                    or policy.MOVE_ON.get(last.error_class, ("", "PROVIDER_REFUSED"))[1])
+                    or policy.MOVE_ON.get(last.error_class, ("", JobErrorCode.PROVIDER_REFUSED))[1])
             raise JobFailure(code, last.error or "", attempt=last.number)
         if len(earlier) >= policy.LLM_ATTEMPTS:
-            raise JobFailure("ATTEMPTS_EXHAUSTED", last.error or "no answer", attempt=last.number)
+            raise JobFailure(JobErrorCode.ATTEMPTS_EXHAUSTED, last.error or "no answer", attempt=last.number)
         if last.retry_at and last.retry_at > timezone.now():
             raise StepRetry(f"the LLM call failed ({last.error_class}); again after a back-off",
                             countdown=(last.retry_at - timezone.now()).total_seconds())

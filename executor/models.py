@@ -4,6 +4,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from config import conditions
+
 # The names the attempt runner catches (executor.record.intend): each is a race it loses on purpose.
 ATTEMPT_NUMBER_CONSTRAINT = "attempt_job_number"
 ONE_OUT_PER_RUN_CONSTRAINT = "attempt_one_out_per_run"
@@ -17,6 +19,23 @@ class AttemptState(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # a definite end: refused, rate-limited, accepted then failed, given up
     UNCERTAIN = "uncertain"  # it may or may not have been accepted, and nothing can tell: a person decides
+
+
+class Paid(models.TextChoices):
+    """Whether an attempt was paid, as the API shows it (an attempt's `paid`)."""
+
+    YES = "yes"  # the provider accepted it, or it records a cost
+    UNKNOWN = "unknown"  # nobody knows whether a send landed: uncertain, or still submitting after a send
+    NO = "no"  # refused before it was accepted, or never sent
+
+
+# The one definition of "paid": each answer's condition, the first that holds wins, else Paid.NO. Read
+# three ways from here (config.conditions): by Attempt.paid in Python, by executor.selectors.PAID_SQL in
+# the raw statements that show attempts, and by the ORM (executor.render counts paid failures with
+# PAID_YES). tests/executor/test_paid.py checks the three agree on every combination of the columns.
+PAID_YES = Q(accepted_at__isnull=False) | Q(cost_usd__isnull=False)
+PAID_UNKNOWN = Q(state=AttemptState.UNCERTAIN) | Q(state=AttemptState.SUBMITTING, sends__gt=0)
+PAID_WHEN = ((Paid.YES, PAID_YES), (Paid.UNKNOWN, PAID_UNKNOWN))
 
 
 class Attempt(models.Model):
@@ -103,13 +122,9 @@ class Attempt(models.Model):
         return f"{self.upstream_key} {self.provider}/{self.model} ({self.state})"
 
     @property
-    def paid(self) -> str:
-        """`yes`, `no` or `unknown`, as the API shows it (executor.selectors.PAID_SQL is the same rule in SQL)."""
-        if self.accepted_at is not None or self.cost_usd is not None:
-            return "yes"
-        if self.state == AttemptState.UNCERTAIN or (self.state == AttemptState.SUBMITTING and self.sends > 0):
-            return "unknown"
-        return "no"
+    def paid(self) -> Paid:
+        """As the API shows it: PAID_WHEN, evaluated on this instance."""
+        return next((answer for answer, condition in PAID_WHEN if conditions.holds(condition, self)), Paid.NO)
 
     @property
     def model_name(self) -> str:

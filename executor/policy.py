@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from config.retry import backoff_s
 from executor.providers.base import ErrorClass
+from jobs.outcomes import JobErrorCode
 
 # A job's policy where the request says nothing (jobs.serializers.PolicySerializer's defaults).
 DEFAULT_ATTEMPTS_PER_MODEL = 3
@@ -29,12 +30,12 @@ def default_policy() -> dict:
 
 # What ends the chain at once, with the job's error code.
 STOP_CODES = {
-    ErrorClass.AUTH: "PROVIDER_AUTH",
-    ErrorClass.INVALID_INPUT: "INVALID_INPUT",
-    ErrorClass.CANCELLED: "CANCELLED",
-    ErrorClass.BUDGET_EXCEEDED: "BUDGET_EXCEEDED",
-    ErrorClass.PRE_SUBMIT_REFUSED: "PRE_SUBMIT_REFUSED",
-    ErrorClass.UPLOAD_FAILED: "UPLOAD_FAILED",
+    ErrorClass.AUTH: JobErrorCode.PROVIDER_AUTH,
+    ErrorClass.INVALID_INPUT: JobErrorCode.INVALID_INPUT,
+    ErrorClass.CANCELLED: JobErrorCode.CANCELLED,
+    ErrorClass.BUDGET_EXCEEDED: JobErrorCode.BUDGET_EXCEEDED,
+    ErrorClass.PRE_SUBMIT_REFUSED: JobErrorCode.PRE_SUBMIT_REFUSED,
+    ErrorClass.UPLOAD_FAILED: JobErrorCode.UPLOAD_FAILED,
 }
 # The classes that may try the same model again, while it has tries left.
 RETRY_SAME_MODEL = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.TIMEOUT, ErrorClass.SERVER_ERROR,
@@ -42,15 +43,14 @@ RETRY_SAME_MODEL = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.TIMEOUT, Error
 # Why the chain moves on to the next model (a reason the job's policy.fallback_on may name), and the
 # job's error code when it cannot.
 MOVE_ON = {
-    ErrorClass.RATE_LIMITED: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.TIMEOUT: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.SERVER_ERROR: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.NETWORK: ("exhausted", "ATTEMPTS_EXHAUSTED"),
-    ErrorClass.REFUSED: ("refused", "PROVIDER_REFUSED"),
-    ErrorClass.UNAVAILABLE: ("unavailable", "PROVIDER_UNAVAILABLE"),
-    ErrorClass.WINDOW_EXPIRED: ("window_expired", "WINDOW_EXPIRED"),
+    ErrorClass.RATE_LIMITED: ("exhausted", JobErrorCode.ATTEMPTS_EXHAUSTED),
+    ErrorClass.TIMEOUT: ("exhausted", JobErrorCode.ATTEMPTS_EXHAUSTED),
+    ErrorClass.SERVER_ERROR: ("exhausted", JobErrorCode.ATTEMPTS_EXHAUSTED),
+    ErrorClass.NETWORK: ("exhausted", JobErrorCode.ATTEMPTS_EXHAUSTED),
+    ErrorClass.REFUSED: ("refused", JobErrorCode.PROVIDER_REFUSED),
+    ErrorClass.UNAVAILABLE: ("unavailable", JobErrorCode.PROVIDER_UNAVAILABLE),
+    ErrorClass.WINDOW_EXPIRED: ("window_expired", JobErrorCode.WINDOW_EXPIRED),
 }
-PAID_ATTEMPT_FAILED = "PAID_ATTEMPT_FAILED"
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 RETRY_AFTER_MAX_S = 300.0
@@ -127,7 +127,7 @@ class Next:
 class Over:
     """The chain is over: the job fails with `code`."""
 
-    code: str
+    code: JobErrorCode
 
 
 def after_attempt(*, chain: list[str], policy: dict, model: str, error_class: str | None, tries_on_model: int,
@@ -145,7 +145,7 @@ def after_attempt(*, chain: list[str], policy: dict, model: str, error_class: st
     decided = _chain_next(chain=chain, policy=policy, model=model, cls=cls, tries_on_model=tries_on_model,
                           retry_in_s=retry_in_s)
     if paid and isinstance(decided, Next) and paid_failures > policy.get("paid_retries", DEFAULT_PAID_RETRIES):
-        return Over(PAID_ATTEMPT_FAILED)
+        return Over(JobErrorCode.PAID_ATTEMPT_FAILED)
     return decided
 
 
@@ -153,7 +153,7 @@ def _chain_next(*, chain: list[str], policy: dict, model: str, cls: str, tries_o
                 retry_in_s: float) -> Next | Over:
     if cls in RETRY_SAME_MODEL and tries_on_model < policy.get("attempts_per_model", DEFAULT_ATTEMPTS_PER_MODEL):
         return Next(model, max(retry_in_s, 0.0))
-    reason, code = MOVE_ON.get(cls, ("exhausted", "ATTEMPTS_EXHAUSTED"))
+    reason, code = MOVE_ON.get(cls, ("exhausted", JobErrorCode.ATTEMPTS_EXHAUSTED))
     position = chain.index(model) if model in chain else len(chain)
     if reason in policy.get("fallback_on", []) and position + 1 < len(chain):
         return Next(chain[position + 1])

@@ -23,11 +23,12 @@ from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
 from config.sql import violated_constraint
-from executor.models import ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, STORED_OUTPUT, Attempt, AttemptState
+from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, STORED_OUTPUT, Attempt,
+                             AttemptState, ModelKind)
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
-from jobs.outcomes import JobFailure, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +129,10 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
             raise
         if rows is None:
             if job.cancelled_now():  # the reservation refuses a cancelled job
-                raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
-            raise JobFailure("BUDGET_EXCEEDED", f"The most this call to {model_name} can cost (${worst}) does not "
-                             "fit under this month's budget; nothing was sent.", model=model_name,
-                             worst_case_usd=str(worst))
+                raise JobFailure(JobErrorCode.CANCELLED, "The job was cancelled before this attempt was sent.")
+            raise JobFailure(JobErrorCode.BUDGET_EXCEEDED,
+                             f"The most this call to {model_name} can cost (${worst}) does not fit under this "
+                             "month's budget; nothing was sent.", model=model_name, worst_case_usd=str(worst))
         attempt = Attempt(id=rows[0][0], job=job, run=job.run, step=step, number=number, provider=spec.provider,
                           model=spec.model, upstream_key=key, upstream_id="", state=AttemptState.SUBMITTING,
                           request=sent, spec=spec.snapshot(), sends=1, poll_errors=0, created_at=now, submitted_at=now)
@@ -177,7 +178,7 @@ def attempt_spec(attempt: Attempt) -> ModelSpec:
         return found
     text = attempt.step != "submit"  # a report's synthesis and chapters are text calls; a render is `submit`
     capabilities = getattr(ADAPTERS.get(attempt.provider), "capabilities", CHEAP_LLM)
-    return ModelSpec(attempt.provider, attempt.model, "text" if text else "image",
+    return ModelSpec(attempt.provider, attempt.model, ModelKind.TEXT if text else ModelKind.IMAGE,
                      "text/markdown" if text else "application/octet-stream", "md" if text else "bin", capabilities)
 
 
@@ -266,7 +267,7 @@ def in_flight_s(attempt: Attempt) -> float:
     timeout and the read timeout of its kind of call (an LLM call may write for minutes; a model no longer
     in the catalog, and of which the attempt keeps no spec, is given the longer one)."""
     known = attempt.spec or model_spec(attempt.model_name) or code_spec(attempt.model_name)
-    text = not known or attempt_spec(attempt).kind == "text"
+    text = not known or attempt_spec(attempt).kind == ModelKind.TEXT
     return settings.PROVIDER_CONNECT_TIMEOUT_S + (settings.LLM_READ_TIMEOUT_S if text else settings.PROVIDER_READ_TIMEOUT_S)
 
 

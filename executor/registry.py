@@ -127,9 +127,9 @@ def _price_suits(kind: str, rate: rates.Rate) -> None:
     unit for a call of 8,000 output tokens)."""
     if rate.free or not kind:
         return
-    if kind == "text" and not rate.priced_by_tokens:
+    if kind == ModelKind.TEXT and not rate.priced_by_tokens:
         raise ValueError("price: a text model is priced by tokens (input and output per million), or free")
-    if kind != "text" and rate.per_unit is None:
+    if kind != ModelKind.TEXT and rate.per_unit is None:
         raise ValueError("price: a media model is priced per unit (per_unit and unit, or variants), or free")
 
 
@@ -159,8 +159,8 @@ def spec_from(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec |
         raise ValueError(f"kind must be one of {', '.join(ModelKind.values)}")
     _kind_suits(provider, kind, below)
     content_type = entry.get("content_type") or (below.content_type if below and below.kind == kind else "")
-    content_type = content_type or ("text/markdown" if kind == "text" else "application/octet-stream")
-    if not isinstance(content_type, str) or (kind != "text" and content_type not in OUTPUT_CONTENT_TYPES):
+    content_type = content_type or ("text/markdown" if kind == ModelKind.TEXT else "application/octet-stream")
+    if not isinstance(content_type, str) or (kind != ModelKind.TEXT and content_type not in OUTPUT_CONTENT_TYPES):
         raise ValueError(f"content_type must be one of {', '.join(OUTPUT_CONTENT_TYPES)}")
     base = below.capabilities if below else getattr(ADAPTERS[provider], "capabilities", CHEAP_LLM)
     capabilities = _capabilities(base, entry.get("capabilities") or {})
@@ -175,7 +175,7 @@ def _kind_suits(provider: str, kind: str, below: ModelSpec | None) -> None:
     kind: a text model is a `complete` call, a media model a `submit`."""
     if below is not None and job_kind_of(kind) != below.job_kind:
         raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a {below.job_kind} model stays one)")
-    call = "complete" if kind == "text" else "submit"
+    call = "complete" if kind == ModelKind.TEXT else "submit"
     if not callable(getattr(ADAPTERS[provider], call, None)):
         raise ValueError(f"kind: provider {provider} makes no {kind} (its adapter has no {call})")
 

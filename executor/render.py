@@ -38,12 +38,12 @@ from billing import services as billing
 from config.metrics import count
 from config.sql import update_sql
 from executor import callbacks, policy, record, services
-from executor.models import Attempt, AttemptState
+from executor.models import PAID_YES, Attempt, AttemptState, Paid
 from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError, WorkStatus
 from executor.record import Money
 from executor.registry import model_spec, provider_params
-from jobs.outcomes import JobFailure, JobHold, NotYet, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, JobHold, NotYet, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +272,8 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     # again from `last` would count that attempt as a try, call the model exhausted, and fail the job
     # with the other attempt out and charged (the storm found exactly that). This one steps back.
     # A try is an attempt (its unknown outcomes resent under one key are not tries); a paid failure is an
-    # attempt the provider accepted (charged, or maybe charged) that then failed: Attempt.paid == "yes".
-    paid = Q(accepted_at__isnull=False) | Q(cost_usd__isnull=False)
+    # attempt the provider accepted (charged, or maybe charged) that then failed: Attempt.paid == Paid.YES.
+    paid = PAID_YES
     earlier = Q(step=last.step, number__lte=last.number)
     counts = Attempt.objects.filter(job=job, run=job.run).aggregate(
         tries=Count("id", filter=earlier & Q(provider=last.provider, model=last.model)),
@@ -284,8 +284,8 @@ def _next_model(job, last: Attempt | None) -> tuple[str, float]:
     retry_in = (last.retry_at - timezone.now()).total_seconds() if last.retry_at else 0.0
     decided = policy.after_attempt(chain=job.model_chain, policy=job.policy, model=last.model_name,
                                    error_class=last.error_class, tries_on_model=counts["tries"], retry_in_s=retry_in,
-                                   paid=last.paid == "yes", paid_failures=counts["paid_failures"])
-    if isinstance(decided, policy.Over) and decided.code == policy.PAID_ATTEMPT_FAILED:
+                                   paid=last.paid == Paid.YES, paid_failures=counts["paid_failures"])
+    if isinstance(decided, policy.Over) and decided.code == JobErrorCode.PAID_ATTEMPT_FAILED:
         raise _paid_attempt_failed(job, last)
     if isinstance(decided, policy.Over):
         details = {"attempt": last.number}
@@ -302,7 +302,7 @@ def _paid_attempt_failed(job, last: Attempt) -> JobFailure:
     allowed = job.policy.get("paid_retries", policy.DEFAULT_PAID_RETRIES)
     words = last.error or last.error_class or "it failed upstream"
     return JobFailure(
-        policy.PAID_ATTEMPT_FAILED,
+        JobErrorCode.PAID_ATTEMPT_FAILED,
         f"Attempt {last.number} on {last.model_name} was accepted and paid ({cost}), then failed: {words}. "
         f"The job's policy allows {allowed} paid retr{'y' if allowed == 1 else 'ies'} in a run; "
         "POST /v1/jobs/{id}/retry pays again under a new key.",
@@ -339,7 +339,7 @@ def _send(job, attempt: Attempt, *, done, fresh: bool = False) -> None:
         else:
             record.end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=Money.RELEASE,
                        error_class=ErrorClass.CANCELLED, error="the job was cancelled")
-        raise JobFailure("CANCELLED", "The job was cancelled before this attempt was sent.")
+        raise JobFailure(JobErrorCode.CANCELLED, "The job was cancelled before this attempt was sent.")
     try:
         # A send of an attempt that went out before reuses what it referred to: the same key must carry
         # the same request. A new attempt uploads the references again.
@@ -579,7 +579,7 @@ def _uncertain_decided(attempt: Attempt, spec) -> None:
         record.move_money(attempt.upstream_key, Money.KEEP)
         return
     raise JobHold(
-        "UNCERTAIN_SUBMIT",
+        JobErrorCode.UNCERTAIN_SUBMIT,
         f"The submit of attempt {attempt.number} to {attempt.model_name} may or may not have been accepted "
         f"(and charged). Check the provider for upstream key {attempt.upstream_key}; "
         "POST /v1/jobs/{id}/retry pays again under a new key.",

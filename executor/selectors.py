@@ -5,14 +5,12 @@ from decimal import Decimal
 
 from django.db import connection
 
-from executor.models import Attempt, AttemptState
+from config.conditions import case_sql
+from executor.models import PAID_WHEN, Attempt, AttemptState, Paid
 
-# Whether an attempt was paid, as the API says it (`paid`; Attempt.paid is the same rule in Python): `yes` once the provider accepted it or it
-# records a cost, `unknown` while a send's outcome is unknown (uncertain, or submitting after a send),
-# `no` for an attempt the provider refused before accepting, or that never went out.
-PAID_SQL = f"""CASE WHEN a.accepted_at IS NOT NULL OR a.cost_usd IS NOT NULL THEN 'yes'
-    WHEN a.state = '{AttemptState.UNCERTAIN}' OR (a.state = '{AttemptState.SUBMITTING}' AND a.sends > 0) THEN 'unknown'
-    ELSE 'no' END"""
+# Whether an attempt `a` was paid, as the API says it (`paid`): executor.models.PAID_WHEN written out as
+# SQL, so the statements that show attempts and Attempt.paid read one rule.
+PAID_SQL = case_sql(PAID_WHEN, Paid.NO, Attempt, "a")
 # An attempt nobody could price: it may have been paid (accepted, or its outcome unknown) and no cost is
 # known. The one rule for a job's `cost.unpriced_attempts` wherever it is counted (the API, the event
 # stream, the admin's runs and orders); a client month counts its reservations instead

@@ -15,7 +15,7 @@ from executor.providers import http, provider_for
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
 from executor.store import ClientStore, OutputKeyTaken, StoredObject, client_store
-from jobs.outcomes import JobFailure, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ def _store_failed(exc: Exception, doing: str, since: datetime | None):
     one once STORE_RETRY_WINDOW_S has passed since `since`; until then the step is tried again."""
     words = f"{type(exc).__name__}: {str(exc)[:300]}"
     if store_error_is_permanent(exc):
-        return JobFailure("UPLOAD_FAILED", f"The output store could not {doing}: {words}")
+        return JobFailure(JobErrorCode.UPLOAD_FAILED, f"The output store could not {doing}: {words}")
     if since is not None and (timezone.now() - since).total_seconds() > settings.STORE_RETRY_WINDOW_S:
-        return JobFailure("UPLOAD_FAILED", f"The output store could not {doing} for "
+        return JobFailure(JobErrorCode.UPLOAD_FAILED, f"The output store could not {doing} for "
                                            f"{settings.STORE_RETRY_WINDOW_S:g} s: {words}")
     return StepRetry(f"the output store could not {doing} ({words})")
 
@@ -97,7 +97,8 @@ def output_check(job) -> dict | None:
         return None
     if existing.written_by != str(job.id):
         raise JobFailure(
-            "OUTPUT_KEY_CONFLICT", f"output key {job.output_key!r} was written by another job ({existing.written_by})"
+            JobErrorCode.OUTPUT_KEY_CONFLICT,
+            f"output key {job.output_key!r} was written by another job ({existing.written_by})",
         )
     return output_describe(job, existing) if existing.complete else None
 
@@ -127,7 +128,7 @@ def media_store(job, finished: dict) -> dict:
     try:
         stored = store(job).put(job.output_key, payload, content_type=content_type, metadata=metadata)
     except OutputKeyTaken as exc:
-        raise JobFailure("OUTPUT_KEY_CONFLICT", str(exc)) from exc
+        raise JobFailure(JobErrorCode.OUTPUT_KEY_CONFLICT, str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - every store error is a decided outcome, never a stuck job
         finished_at = finished.get("finished_at")
         raise _store_failed(exc, "store the output", datetime.fromisoformat(finished_at) if finished_at
@@ -157,8 +158,8 @@ def _stored_before(job) -> dict:
     the output check reads it: no provider call). Not there any more: nothing is left to store them from."""
     stored = output_check(job)
     if stored is None:
-        raise JobFailure("UPLOAD_FAILED", f"The output's bytes were cleared from its attempt as stored, but the "
-                                          f"store holds nothing complete at {job.output_key!r}.")
+        raise JobFailure(JobErrorCode.UPLOAD_FAILED, "The output's bytes were cleared from its attempt as stored, "
+                                                     f"but the store holds nothing complete at {job.output_key!r}.")
     return stored
 
 
@@ -185,7 +186,8 @@ def reference_read(job, key: str) -> bytes:
             return handle.read()
     except Exception as exc:  # noqa: BLE001
         if store_error_is_permanent(exc):
-            raise JobFailure("INVALID_INPUT", f"The reference {key!r} cannot be read: {type(exc).__name__}") from exc
+            raise JobFailure(JobErrorCode.INVALID_INPUT,
+                             f"The reference {key!r} cannot be read: {type(exc).__name__}") from exc
         raise StepRetry(f"the reference {key!r} could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc
 
 

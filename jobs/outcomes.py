@@ -32,12 +32,37 @@ from enum import StrEnum
 # --- what a step raises -------------------------------------------------------------------------------------
 
 
-class JobFailure(Exception):
-    """A definite end of the run: the job fails with an API error code (OUTPUT_KEY_CONFLICT, ...)."""
+class JobErrorCode(StrEnum):
+    """Every code a job's `error.code` can carry: the codes a step ends its run with (JobFailure, JobHold)
+    and a cancel writes. docs/api.md, "Job statuses and error codes", lists each with the status it ends
+    in; tests/jobs/test_error_codes.py holds this enum and that table to each other. Here, in the module
+    the layers below the engine may import, so the executor raises them without a string of its own."""
 
-    def __init__(self, code: str, message: str, **details):
+    PAID_ATTEMPT_FAILED = "PAID_ATTEMPT_FAILED"
+    ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+    PROVIDER_REFUSED = "PROVIDER_REFUSED"
+    PROVIDER_UNAVAILABLE = "PROVIDER_UNAVAILABLE"
+    PROVIDER_AUTH = "PROVIDER_AUTH"
+    INVALID_INPUT = "INVALID_INPUT"
+    WINDOW_EXPIRED = "WINDOW_EXPIRED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    PRE_SUBMIT_REFUSED = "PRE_SUBMIT_REFUSED"
+    OUTPUT_KEY_CONFLICT = "OUTPUT_KEY_CONFLICT"
+    UPLOAD_FAILED = "UPLOAD_FAILED"
+    CHAPTER_FAILED = "CHAPTER_FAILED"
+    INTERNAL_INPUT_ERROR = "INTERNAL_INPUT_ERROR"
+    UNCERTAIN_SUBMIT = "UNCERTAIN_SUBMIT"
+    CANCELLED = "CANCELLED"
+
+
+class JobFailure(Exception):
+    """A definite end of the run: the job fails with one of the job error codes (JobErrorCode)."""
+
+    def __init__(self, code: JobErrorCode, message: str, **details):
         super().__init__(message)
-        self.code = code
+        # A code outside the enum (a typo, a string of another vocabulary) is an error where it is raised,
+        # not a job ending with a code no document names.
+        self.code = JobErrorCode(code)
         self.message = message
         self.details = details
 
@@ -50,7 +75,7 @@ class JobInputError(JobFailure):
     step ran: however often the step is run again it fails the same way, so the run ends
     INTERNAL_INPUT_ERROR from whichever step it came, a fan-out's sub-step included."""
 
-    CODE = "INTERNAL_INPUT_ERROR"
+    CODE = JobErrorCode.INTERNAL_INPUT_ERROR
 
     def __init__(self, exc: BaseException):
         cause = exc.__cause__ or exc
@@ -60,7 +85,7 @@ class JobInputError(JobFailure):
 
 
 class JobHold(JobFailure):
-    """The run cannot go on without a person: the job goes to `waiting` (UNCERTAIN_SUBMIT, ...)."""
+    """The run cannot go on without a person: the job goes to `waiting` (JobErrorCode.UNCERTAIN_SUBMIT)."""
 
 
 class StepRetry(Exception):

@@ -19,7 +19,7 @@ from executor import cancel, llm, record, render
 from executor import services as executor
 from jobs import reports, services
 from jobs.models import JobStatus
-from jobs.outcomes import JobFailure, StepRetry
+from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
 from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec, recipe_register
 
 
@@ -121,7 +121,7 @@ def synthesis(ctx) -> dict:
                               messages=reports.synthesis_messages(report, client_id=ctx.job.client_id),
                               max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
         if not answer["text"].strip():
-            raise JobFailure("CHAPTER_FAILED", "The synthesis came back empty.", chapters=["synthesis"])
+            raise JobFailure(JobErrorCode.CHAPTER_FAILED, "The synthesis came back empty.", chapters=["synthesis"])
         reports.synthesis_save(report=report, text=answer["text"])
     return {"synthesis": True}
 
@@ -135,8 +135,8 @@ def preflight(ctx) -> dict:
                                            units=len(left), guard=ctx.job.NOT_CANCELLED_SQL, model=_model(ctx),
                                            unit_worst_case=reports.chapter_worst_case(
                                                report, _model(ctx), client_id=ctx.job.client_id)):
-        raise JobFailure("BUDGET_EXCEEDED", f"The worst case of {len(left)} chapters does not fit under this "
-                         "month's budget; no chapter was started.", chapters=left)
+        raise JobFailure(JobErrorCode.BUDGET_EXCEEDED, f"The worst case of {len(left)} chapters does not fit under "
+                                                       "this month's budget; no chapter was started.", chapters=left)
     return {"chapters_left": left}
 
 
@@ -175,7 +175,7 @@ def write_chapter(ctx, key: str) -> dict:
         raise
     if not answer["text"].strip():
         reports.chapter_fail(report=report, key=key, error="the answer was empty")
-        raise JobFailure("CHAPTER_FAILED", f"Chapter {key} came back empty.", chapters=[key])
+        raise JobFailure(JobErrorCode.CHAPTER_FAILED, f"Chapter {key} came back empty.", chapters=[key])
     reports.chapter_save(report=report, key=key, text=answer["text"], run=ctx.run, attempt=answer["attempt"])
     return {"key": key, "kept": False, "attempt": answer["attempt"]}
 
@@ -195,7 +195,7 @@ def verdict(ctx) -> dict:
     """A report with a chapter missing fails, naming the chapters (a person's retry writes only those)."""
     missing = ctx.result("seal")["missing"]
     if missing:
-        raise JobFailure("CHAPTER_FAILED", f"Chapters not written: {', '.join(missing)}.", chapters=missing)
+        raise JobFailure(JobErrorCode.CHAPTER_FAILED, f"Chapters not written: {', '.join(missing)}.", chapters=missing)
     return {"sealed": True}
 
 

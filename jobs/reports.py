@@ -265,7 +265,8 @@ def reports_purge_input(*, job_ids) -> None:
     """The reports' part of a purge (operators.purge): the subject and the email on the report, and the
     job's input. The sealed report, its chapters and the figures saved onto it stay readable. Runs in the
     purge's transaction; each report is locked while its job's input is rewritten."""
-    assert transaction.get_connection().in_atomic_block, "a purge is one transaction (operators.purge)"
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("a purge is one transaction (operators.purge)")
     for report in Report.objects.filter(job_id__in=job_ids).select_for_update():
         Job.objects.filter(id=report.job_id).update(input={"chapters": report.chapter_keys, "purged": True})
     Report.objects.filter(job_id__in=job_ids).update(subject=None, email="", purged_at=timezone.now())

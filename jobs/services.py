@@ -22,9 +22,11 @@ from executor.selectors import attempts_json_sql, uncertain_upstream_keys
 from jobs import chain, selectors
 from jobs.errors import IdempotencyConflict, OutputKeyConflict
 from jobs.models import OPEN_STATUSES, Job, JobStatus, StepStatus
+from jobs.outcomes import JobErrorCode
 from jobs.serializers import job_as_dict
 from jobs.workflow import RECIPES
 from webhooks import services as webhooks
+from webhooks.models import WebhookEvent
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,33 @@ def request_hash(validated: dict) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+# Validated fields of POST /v1/jobs that are not hashed, each with why. Every other field is: a field added
+# to the serializer is part of the Idempotency-Key's hash without an edit here, so two bodies that differ
+# in it are never one job (tests/jobs/test_idempotency_hash.py changes each field in turn and expects 409).
+HASH_EXCLUDED = frozenset({
+    # The input as the serializer cleaned it (what is stored and run). The hash reads the input as the
+    # client sent it instead, `input_as_sent`, under the key `input` (job_create says why).
+    "input",
+})
+# Fields the hash wrote as null when the body left them out, as it did before it was derived from the
+# validated fields: kept so, or a replay of a body hashed then would answer 409. A field added later
+# enters the hash only when the body has it (it must then have no default: absent stays absent, as
+# `policy.paid_retries`), so the hash of every body sent before it stays what it was.
+HASH_NULL_WHEN_ABSENT = ("output_key", "webhook_url")
+
+
+def job_request_hash(data: dict) -> str:
+    """The Idempotency-Key's hash of a validated POST /v1/jobs body: every field but HASH_EXCLUDED, with
+    the input as sent. For the fields of today the canonical form is the one written by hand before
+    (kind, models, input as sent, policy, output_key, webhook_url, metadata: the same keys, the same
+    nulls), so every stored job's hash still matches its replay."""
+    canonical = {name: value for name, value in data.items() if name not in HASH_EXCLUDED}
+    canonical["input"] = canonical.pop("input_as_sent", data["input"])  # a replay's is not cleaned: as sent
+    for name in HASH_NULL_WHEN_ABSENT:
+        canonical.setdefault(name, None)
+    return request_hash(canonical)
+
+
 def _default_output_key(job_id: uuid.UUID, models: list[str]) -> str:
     # A replay judged by its hash alone may name a model the catalog no longer has: its row exists, and
     # this candidate's key is never written (the INSERT does nothing on the idempotency key).
@@ -90,16 +119,7 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
     # (an email with a space around it) still hashes as its row did, so it stays a replay (202), not
     # a 409. Two bodies that differ only in what cleaning removes are two requests under one key:
     # the careful side (409), never two bodies taken for one.
-    canonical = {
-        "kind": data["kind"],
-        "models": data["models"],
-        "input": data.get("input_as_sent", data["input"]),
-        "policy": data["policy"],
-        "output_key": data.get("output_key"),
-        "webhook_url": data.get("webhook_url"),
-        "metadata": data["metadata"],
-    }
-    digest = request_hash(canonical)
+    digest = job_request_hash(data)
     now = timezone.now()
     job_id = uuid.uuid4()
     candidate = Job(
@@ -192,13 +212,13 @@ def job_extend_enqueue_lease(*, job_id: uuid.UUID, seconds: float) -> None:
 
 
 _EVENT_FOR = {
-    JobStatus.SUCCEEDED: "generation.succeeded",
-    JobStatus.FAILED: "generation.failed",
-    JobStatus.CANCELLED: "generation.cancelled",
+    JobStatus.SUCCEEDED: WebhookEvent.SUCCEEDED,
+    JobStatus.FAILED: WebhookEvent.FAILED,
+    JobStatus.CANCELLED: WebhookEvent.CANCELLED,
 }
 
 
-def _emit(job: Job, event: str) -> None:
+def _emit(job: Job, event: WebhookEvent) -> None:
     """Write the outbox row for the state change just made to `job`, in its transaction."""
     webhooks.delivery_create(job=job, event=event, data=job_as_dict(job))
 
@@ -218,7 +238,8 @@ def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, er
     the same transaction; a writer that gets zero rows back lost the race (a success, a failure and a
     cancel can all try at once) and writes nothing. The UPDATE returns the row the event describes.
     """
-    assert status in _EVENT_FOR, status
+    if status not in _EVENT_FOR:  # only a terminal status ends a job (and has its event)
+        raise ValueError(status)
     prep = Job._meta.get_field("output").get_db_prep_save
     with transaction.atomic(savepoint=False):
         ended = list(Job.objects.raw(_FINISH_SQL, [status, prep(output, connection), prep(error, connection), job_id]))
@@ -235,7 +256,8 @@ def job_cancel(*, job: Job) -> bool:
     executor is told on commit so it can cancel upstream work (a dead worker is never a cancel)."""
     with transaction.atomic():
         won = job_finish(
-            job_id=job.id, status=JobStatus.CANCELLED, error={"code": "CANCELLED", "message": "Cancelled by the client."}
+            job_id=job.id, status=JobStatus.CANCELLED,
+            error={"code": JobErrorCode.CANCELLED, "message": "Cancelled by the client."},
         )
         if won:
             _keep_uncertain_spend(job.id)
@@ -255,7 +277,7 @@ def job_hold(*, job_id: uuid.UUID, run: int, error: dict) -> bool:
         )
         if not held:
             return False  # cancelled, or ended by another writer
-        _emit(Job.objects.get(id=job_id), "generation.needs_review")
+        _emit(Job.objects.get(id=job_id), WebhookEvent.NEEDS_REVIEW)
         log_event(logger, "job.held", job_id=job_id, run=run, error_code=error.get("code"))
     return True
 

@@ -271,7 +271,8 @@ class DoneMark:
         return bool(updated)
 
     def in_transaction(self, result) -> None:
-        assert connection.in_atomic_block, "the mark commits with the work's own transaction"
+        if not connection.in_atomic_block:
+            raise RuntimeError("the mark commits with the work's own transaction")
         self._marked(result, step_mark_done(self.step_id, self.owner, result))
 
     def _marked(self, result, marked: bool) -> None:

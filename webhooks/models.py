@@ -36,6 +36,17 @@ class SigningSecret(models.Model):
         return f"{self.secret[:10]}... ({'expires ' + str(self.expires_at) if self.expires_at else 'current'})"
 
 
+class WebhookEvent(models.TextChoices):
+    """Every event a client's endpoint is sent (the envelope's `type`, the last part of its `webhook-id`):
+    docs/api.md, "Webhooks", names the same ones (tests/webhooks/test_event_names.py holds them to each
+    other). Not the `choices` of Delivery.event: the column stays as its migrations made it."""
+
+    SUCCEEDED = "generation.succeeded"
+    FAILED = "generation.failed"
+    CANCELLED = "generation.cancelled"
+    NEEDS_REVIEW = "generation.needs_review"  # the job waits for a person (an uncertain submit)
+
+
 class DeliveryStatus(models.TextChoices):
     PENDING = "pending"
     DELIVERED = "delivered"

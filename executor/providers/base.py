@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from config.retry import parse_retry_after  # noqa: F401 (the adapters read Retry-After through here)
+from executor.models import ModelKind
 
 # A key's lifetime where the provider documents none: a day (Stripe's, and the common choice).
 DEFAULT_KEY_TTL_S = 24 * 3600.0
@@ -135,7 +136,7 @@ class ModelSpec:
 
 def job_kind_of(kind: str) -> str:
     """The job kind a model of this kind (video, image, text) serves."""
-    return "report" if kind == "text" else "media"
+    return "report" if kind == ModelKind.TEXT else "media"
 
 
 CAPABILITY_FIELDS = {each.name: each for each in dataclasses.fields(Capabilities)}

@@ -135,6 +135,14 @@ def test_the_walk_finds_an_arrow_back_and_an_unexplained_import_planted_in_a_mod
     assert arrows_back(executor, "from jobs import services\n") == ["executor/attempts.py:1 imports jobs.services"]
 
 
+def test_no_invariant_is_an_assert_statement():
+    # `python -O` removes assert statements: an invariant of the apps is an explicit raise.
+    modules = app_modules() + sorted((REPO_ROOT / "sandbox").rglob("*.py"))
+    found = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path in modules
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert)]
+    assert found == []
+
+
 # --- The data: foreign keys, migrations and raw SQL point down the stack too ---------------------------
 
 

@@ -28,7 +28,8 @@ def page_2_without_ours() -> dict:
     """The listing's page 2 without our prediction: its next one (09:38:40) is older than the submit."""
     page = fixture("replicate/predictions_page_2")
     page["body"]["results"] = [p for p in page["body"]["results"] if p["id"] != PREDICTION_ID]
-    assert page["body"]["next"]  # a page 3 exists: only reaching an older prediction may end the search
+    if not page["body"]["next"]:  # a page 3 exists: only reaching an older prediction may end the search
+        raise ValueError("the recorded page 2 of Replicate's listing names no next page")
     return page
 
 

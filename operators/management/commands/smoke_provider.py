@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from billing import rates
+from executor.models import ModelKind
 from executor.providers import PROVIDERS, provider_for, real, spec_of
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
@@ -41,11 +42,11 @@ class Command(BaseCommand):
         name = f"{provider}/{model}"
         spec = model_spec(name)
         if provider in MEDIA_PROVIDERS:
-            if spec is None or spec.kind == "text":
+            if spec is None or spec.kind == ModelKind.TEXT:
                 raise CommandError(f"{name} is not a media model payonce knows.")
             self.stdout.write(json.dumps(self._render(name, spec)))
             return
-        if spec is None or spec.kind != "text":
+        if spec is None or spec.kind != ModelKind.TEXT:
             raise CommandError(f"{name} is not a text model payonce knows.")
         adapter = provider_for(provider)
         try:  # one attempt, no retry: whatever it answers is the answer
