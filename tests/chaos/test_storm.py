@@ -22,6 +22,7 @@ import sys
 import pytest
 
 from tests.chaos.pinned import PINNED
+from tests.support import redis_server
 from tests.support.procs import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.storm]
@@ -34,7 +35,7 @@ def storm(seed: int, jobs: int) -> None:
     print(f"chaos: CHAOS_SEED={seed} jobs={jobs}", flush=True)
     run = subprocess.run(
         [sys.executable, "-m", "tests.chaos", "--seed", str(seed), "--jobs", str(jobs),
-         "--database", "payonce_chaos_ci", "--redis-db", "6"],
+         "--database", "payonce_chaos_ci", "--redis", redis_server.address(), "--redis-db", "6"],
         cwd=REPO_ROOT, env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"},
         capture_output=True, text=True, timeout=600,
     )

@@ -12,6 +12,7 @@ from billing.models import Reservation
 from executor.models import Attempt
 from jobs.models import Job, Report, ReportChapter
 from tests.support.books import assert_books_balance
+from tests.support import redis_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 CHAPTERS = ["sun", "moon", "rising", "venus", "mars", "jupiter", "saturn", "nodes"]
@@ -304,7 +305,7 @@ def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_deliver
 def report_stack(transactional_db, ledger, mailbox):
     from tests.support.procs import Stack
 
-    processes = Stack("redis://127.0.0.1:6379/13", EMAIL_URL=mailbox.url, WORKER_CONCURRENCY=16)
+    processes = Stack(redis_server.url(13), EMAIL_URL=mailbox.url, WORKER_CONCURRENCY=16)
     try:
         yield processes.start()
     finally:
