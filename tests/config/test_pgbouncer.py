@@ -23,7 +23,7 @@ import pytest
 from django.db import connection
 
 from jobs.services import client_create
-from tests.config.test_production_settings import run_django
+from tests.support.commands import run_django
 from tests.support.drive import media_job
 from tests.support.procs import free_port
 

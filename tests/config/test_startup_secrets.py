@@ -20,7 +20,7 @@ from config.startup import DEVELOPMENT_SECRET_KEY
 from jobs.reports import report_link
 from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_DEVELOPMENT_SECRET
 from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, procfile_command, process_env
-from tests.jobs.test_reports import report_body
+from tests.support.reports import report_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,13 +13,13 @@ from datetime import datetime, timezone
 
 import pytest
 import requests
-from standardwebhooks.webhooks import Webhook
 
-from executor import callbacks, policy
+from executor import policy
 from executor.models import Attempt
 from jobs.models import Step
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
+from tests.support.callbacks import signed
 from tests.support.http_api import HttpApi
 
 
@@ -39,17 +39,6 @@ def polls_of(ledger, job_id: str) -> list[dict]:
     [attempt] = Attempt.objects.filter(job_id=job_id)
     return [c for c in ledger.calls() if c["kind"] == "poll" and c["generation_id"] == attempt.upstream_id
             and c["model"]]
-
-
-def signed(body: dict, *, secret: str = callbacks.secret_of("sandbox"), message_id: str | None = None,
-           at: datetime | None = None) -> tuple[str, dict]:
-    message_id = message_id or f"msg-{uuid.uuid4()}"
-    text = json.dumps(body)
-    at = at or datetime.now(timezone.utc)
-    headers = {"Content-Type": "application/json", "webhook-id": message_id,
-               "webhook-timestamp": str(int(at.timestamp())),
-               "webhook-signature": Webhook(secret).sign(message_id, at, text)}
-    return text, headers
 
 
 def call_back(web_stack, body: str, headers: dict, provider: str = "sandbox") -> requests.Response:

@@ -17,7 +17,7 @@ from executor.models import ModelConfig
 from executor.providers import ADAPTERS
 from executor.registry import PAYONCE_INPUT_KEYS
 from tests.conftest import media_body
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for
 from tests.support.books import assert_books_balance
 from tests.support.drive import media_job, run_media
 from tests.support.procs import REPO_ROOT, process_env

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import media_body
 from tests.support.procs import REPO_ROOT, process_env
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

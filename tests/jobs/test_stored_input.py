@@ -17,7 +17,7 @@ from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.services import client_create
 from orders.models import Order
 from tests.support.http_api import HttpApi
-from tests.jobs.test_reports import SUBJECT, report_body
+from tests.support.reports import SUBJECT, report_body
 from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,8 +20,8 @@ import requests
 from tests.conftest import WEBHOOK_TEST_ENV, media_body
 from tests.support import redis_server
 from tests.support.http_receiver import Receiver
-from tests.e2e.test_report_page_browser import chromium
-from tests.jobs.test_reports import report_body
+from tests.support.browser import chromium
+from tests.support.reports import report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[2] / "var/test-artifacts/admin")

@@ -27,18 +27,13 @@ from jobs.services import client_create, job_finish
 from operators.models import OperatorAction
 from operators.operations import retry_worst_case
 from tests.conftest import WEBHOOK_TEST_ENV, media_body
+from tests.support.commands import ctrl_c_as_a_terminal, manage
 from tests.support.procs import REPO_ROOT, process_env
 from tests.support.webhook_receiver import WebhookReceiver
-from tests.orders.test_orders import order_body, post_order
+from tests.support.orders import order_body, post_order
 from webhooks.models import Delivery, DeliveryStatus, Endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the manage.py processes read what the test wrote
-
-
-def manage(*args, timeout: float = 120, **env) -> subprocess.CompletedProcess:
-    """`.venv/bin/python manage.py ...` on the test database, as an operator runs it (stdout is a pipe)."""
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=process_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def command(name: str, *args) -> tuple[int, str, str]:
@@ -204,10 +199,6 @@ def test_watch_on_a_terminal_draws_a_live_bar(api):
     os.close(leader)
     assert proc.wait(timeout=60) == 1
     assert b"\x1b[" in seen and "━".encode() in seen  # cursor and colour codes, and the bar itself
-
-
-def ctrl_c_as_a_terminal() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_stops_watching_and_leaves_the_job_alone(api):
