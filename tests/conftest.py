@@ -24,6 +24,10 @@ def pytest_unconfigure(config):
     redis_server.stop()
 
 
+# Fails a test that starts processes without the e2e mark (pytest.ini), so `make test-quick` can trust it.
+pytest_plugins = ["tests.support.e2e_mark"]
+
+
 # pytest-django's live_server listens with a backlog of 10; the race tests open 50 connections at once.
 basehttp.WSGIServer.request_queue_size = 128
 

@@ -19,7 +19,7 @@ from tests.support.commands import run_django
 from tests.support.drive import media_job
 from tests.support.procs import ProcfileProcess, free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 NEW_KEY = "payonce-rotated-in-" + "n" * 40
 OLD_KEY = "payonce-rotated-out-" + "o" * 40

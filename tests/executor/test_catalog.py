@@ -100,6 +100,7 @@ def test_a_changed_models_file_is_read_again_without_a_restart(models_file, db, 
     ({**SCHNELL_ENTRY, "price": {"per_unit": "-1"}}, "not negative"),
     ({**SCHNELL_ENTRY, "price": {"input": "1"}}, "both input and output"),
 ])
+@pytest.mark.e2e
 def test_a_wrong_models_file_refuses_to_start_naming_the_model_and_the_problem(tmp_path, entry, named):
     path = tmp_path / "models.json"
     path.write_text(json.dumps({"models": [entry]}))

@@ -191,6 +191,7 @@ def test_the_schema_says_which_parameters_the_sandbox_models_take(api):
     assert "Replicate" in described
 
 
+@pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)  # the manage.py process reads the client the test wrote
 def test_the_cli_submit_refuses_an_undeclared_parameter_as_the_api_does(api):
     from tests.support.commands import manage
