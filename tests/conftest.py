@@ -18,6 +18,7 @@ from tests.support import redis_server
 from tests.support.procs import ProcfileProcess, free_port
 from tests.support.sandbox import SandboxProcess
 
+
 def pytest_unconfigure(config):
     """After the last fixture's teardown: this xdist worker's private Redis, if it started one, is
     stopped by its PID (tests/support/redis_server.py)."""
