@@ -77,14 +77,27 @@ run: migrate
 	$(BIN)/python manage.py demo_client
 	SECRET_KEY="$${SECRET_KEY:-$$(cat var/secret_key)}" LOG_FORMAT="$${LOG_FORMAT:-plain}" EMAIL_CONSOLE_LINKS="$${EMAIL_CONSOLE_LINKS:-1}" $(BIN)/python -m config.devrun -p $(PORT)
 
+# The suite in two parts (docs/testing.md, "Running in parallel"). First every test not marked `alone`, on
+# XDIST_WORKERS pytest-xdist workers, each with a Redis server, a test database and a PAYONCE_VAR_DIR of
+# its own (tests/support/redis_server.py, tests/settings.py). Three workers on two cores: most of the
+# suite waits on processes, HTTP and sleeps rather than computing (measured in docs/testing.md).
+# --dist loadgroup hands out tests one by one (a long module is shared out, not left to one worker), but
+# keeps an xdist_group's tests on one worker. Then the `alone` tests, serially, with the machine to
+# themselves: the storms and the tests that measure load or timing. Exit status 5 (nothing selected, e.g.
+# PYTEST_ARGS naming only tests of one part) is not a failure; make test fails if either part fails.
+XDIST_WORKERS ?= 3
 test: install-dev migrate
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@status=0; \
+	$(BIN)/python -m pytest -n $(XDIST_WORKERS) --dist loadgroup -m "not alone" $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
+	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
+	exit $$status
 
-# The inner loop: everything but the storm, the fuzzing and the browser, stopping at the first failure.
-# Narrower still: make test-quick PYTEST_ARGS='-m "not e2e"' (no test that starts the stack's processes),
-# or a folder of tests/, e.g. PYTEST_ARGS=tests/executor.
+# The inner loop, in under two minutes: no test that starts a process of its own (e2e: workers, web,
+# subprocesses; tests/support/e2e_mark.py keeps the mark true), on two workers, stopping at the first
+# failure. make test-quick PYTEST_ARGS=tests/executor narrows it to a folder; PYTEST_ARGS='-m "not storm
+# and not fuzz and not browser"' brings the e2e tests back (their -m replaces this one).
 test-quick: install-dev migrate
-	$(BIN)/python -m pytest -m "not storm and not fuzz and not browser" -x -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not e2e and not storm and not fuzz and not browser" -x -q $(PYTEST_ARGS)
 
 # Every benchmark, one at a time, then one table of their figures into bench/README.md (bench/all.py).
 bench: install-dev migrate

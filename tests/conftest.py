@@ -1,6 +1,7 @@
 """Shared fixtures: the sandbox provider and Celery workers as real processes, API clients per test.
 
-Everything talks to real PostgreSQL (the database pytest-django creates) and real Redis (db 15).
+Everything talks to real PostgreSQL (the database pytest-django creates) and real Redis (db 15 of the
+server tests/support/redis_server.py names: the machine's, or under pytest-xdist one per worker).
 """
 
 import json
@@ -13,8 +14,20 @@ from django.core.servers import basehttp
 from django.test import Client as DjangoClient
 
 from jobs.services import client_create
+from tests.support import redis_server
 from tests.support.procs import ProcfileProcess, free_port
 from tests.support.sandbox import SandboxProcess
+
+
+def pytest_unconfigure(config):
+    """After the last fixture's teardown: this xdist worker's private Redis, if it started one, is
+    stopped by its PID (tests/support/redis_server.py)."""
+    redis_server.stop()
+
+
+# Fails a test that starts processes without the e2e mark (pytest.ini), so `make test-quick` can trust it.
+pytest_plugins = ["tests.support.e2e_mark"]
+
 
 # pytest-django's live_server listens with a backlog of 10; the race tests open 50 connections at once.
 basehttp.WSGIServer.request_queue_size = 128
@@ -109,7 +122,7 @@ def web_stack(django_db_setup, django_db_blocker, sandbox, tmp_path_factory):
 
 
 # TEST_WEB_BROKER_URL: two suites run side by side (one per checkout) each need their own.
-WEB_STACK_ENV = {"BROKER_URL": os.environ.get("TEST_WEB_BROKER_URL", "redis://127.0.0.1:6379/11"), "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2,
+WEB_STACK_ENV = {"BROKER_URL": os.environ.get("TEST_WEB_BROKER_URL") or redis_server.url(11), "REQUEST_BODY_TIMEOUT_S": 1, "STORE_RETRY_WINDOW_S": 2,
                  "SSE_MAX_S": 8,
                  "WORKER_CONCURRENCY": 8}
 

@@ -22,6 +22,7 @@ from billing.models import BudgetMonth, Reservation
 from billing.selectors import month_totals
 from jobs.models import Job
 from jobs.services import client_create
+from tests.support import redis_server
 from tests.support.books import assert_books_balance
 from tests.support.http_api import HttpApi
 from tests.support.procs import REPO_ROOT, process_env
@@ -29,7 +30,7 @@ from tests.support.procs import REPO_ROOT, process_env
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 PRICE = Decimal("0.40")  # sandbox/video-keyed, worst case and actual alike
 LOAD = str(REPO_ROOT / "tests" / "support" / "budget_load.py")
-REDIS = "redis://127.0.0.1:6379/15"
+REDIS = redis_server.url(15)
 
 
 def jobs_for(client: Client, count: int) -> list[str]:

@@ -22,9 +22,11 @@ START_TIMEOUT_S = 60  # six processes start at once, and again after each kill, 
 
 class Stack:
     """Everything a storm runs against. `hosts` (tests.chaos.hosts.Hosts, or None) puts web, the two
-    workers, webhooks and beat each in a namespace of its own."""
+    workers, webhooks and beat each in a namespace of its own. `redis` is the loopback Redis (host:port)
+    whose database `redis_db` is the broker: the machine's, or the private one of an xdist worker."""
 
-    def __init__(self, *, broker: str, database: str, redis_db: int, hosts=None, workers: int = 2):
+    def __init__(self, *, broker: str, database: str, redis_db: int, hosts=None, workers: int = 2,
+                 redis: str = "127.0.0.1:6379"):
         self.broker, self.database, self.redis_db, self.hosts, self.workers = broker, database, redis_db, hosts, workers
         self.workdir = Path(tempfile.mkdtemp(prefix="payonce-chaos-"))
         self.procs: dict[str, ProcfileProcess] = {}
@@ -48,9 +50,9 @@ class Stack:
             self.local_broker_url = f"amqp://guest:guest@127.0.0.1:5672/{self.vhost}"
             cache = ""
         else:
-            redis = hosts.forward(6379) if hosts else "127.0.0.1:6379"
-            self.broker_url = f"redis://{redis}/{redis_db}"
-            self.local_broker_url = f"redis://127.0.0.1:6379/{redis_db}"
+            reached = hosts.forward(int(redis.rsplit(":", 1)[1])) if hosts else redis
+            self.broker_url = f"redis://{reached}/{redis_db}"
+            self.local_broker_url = f"redis://{redis}/{redis_db}"
             cache = self.broker_url
         # A models file in force from the start (the storm writes it wrong, then right, while jobs run): it
         # states the sandbox's own prices, so while it is in force nothing changes but that it is read.

@@ -99,7 +99,8 @@ class Storm:
             from tests.chaos.hosts import Hosts
 
             self.hosts = Hosts(["web", "worker0", "worker1", "webhooks", "beat"]).__enter__()
-        self.stack = Stack(broker=args.broker, database=args.database, redis_db=args.redis_db, hosts=self.hosts)
+        self.stack = Stack(broker=args.broker, database=args.database, redis_db=args.redis_db, hosts=self.hosts,
+                           redis=args.redis)
         ok = False
         try:
             self.stack.prepare()
@@ -605,6 +606,8 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default="payonce_chaos",
                         help="the database's name in the storm's own PostgreSQL server, and the RabbitMQ vhost's")
     parser.add_argument("--redis-db", type=int, default=5)
+    parser.add_argument("--redis", default="127.0.0.1:6379",
+                        help="host:port of the loopback Redis whose --redis-db is the broker (the suite passes its own)")
     parser.add_argument("--no-pg-restart", action="store_true", help="never restart the storm's PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     args = parser.parse_args(argv)

@@ -105,6 +105,8 @@ def _one_charge(job: Job, charges: list[dict]) -> None:
     assert mine[0]["request_id"] == mine[0]["metadata"]["upstream_key"] == f"payonce-{job.id}-1"
 
 
+# One xdist worker runs every test that runs `npm run build`: they all write clients/typescript/dist.
+@pytest.mark.xdist_group("typescript-dist")
 def test_typescript_client(account, ledger, flaky_proxy, hooks):
     _node_ready()
     # A real, signed delivery first (the job runs while the package builds).

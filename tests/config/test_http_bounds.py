@@ -19,6 +19,8 @@ from tests.conftest import WEB_STACK_ENV
 from tests.support.http_api import HttpApi
 from tests.support.procs import ProcfileProcess, free_port
 
+pytestmark = pytest.mark.e2e
+
 HEADER_TIMEOUT_S = 2
 MAX_HEADER_BYTES = 16 * 1024  # the default
 
@@ -218,6 +220,7 @@ def test_an_event_stream_outlives_every_timeout(web, transactional_db):
 
 # -- count -----------------------------------------------------------------------------------------------
 
+@pytest.mark.alone  # three thousand connections and a deadline for the request that gets through
 def test_three_thousand_slow_connections_are_closed_and_a_request_gets_through(django_db_setup, django_db_blocker):
     # As the probe: one web process under `ulimit -n 1024` (a common default), where 1,100 slow
     # connections used to make a plain GET fail to connect.

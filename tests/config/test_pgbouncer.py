@@ -23,11 +23,11 @@ import pytest
 from django.db import connection
 
 from jobs.services import client_create
-from tests.config.test_production_settings import run_django
+from tests.support.commands import run_django
 from tests.support.drive import media_job
 from tests.support.procs import free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PGBOUNCER = shutil.which("pgbouncer") or next(
     (path for path in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if Path(path).exists()), None)

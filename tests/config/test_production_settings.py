@@ -5,9 +5,6 @@ outlives its transaction behind a PgBouncer in transaction mode) and DB_HEALTH_C
 PostgreSQL dropped is never lent to a query)."""
 
 import re
-import subprocess
-import sys
-import textwrap
 import uuid
 
 import pytest
@@ -18,10 +15,11 @@ from django.test import override_settings
 from jobs.models import Report
 from jobs.reports import link_token
 from jobs.services import client_create
+from tests.support.commands import run_django
 from tests.support.drive import media_job
-from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, process_env
+from tests.support.procs import ProcfileProcess, free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 NEW_KEY = "payonce-rotated-in-" + "n" * 40
 OLD_KEY = "payonce-rotated-out-" + "o" * 40
@@ -55,15 +53,6 @@ def test_a_report_link_signed_with_the_previous_secret_key_opens_while_that_key_
     assert report_page_status(old_token, SECRET_KEY_FALLBACKS=f"another-{'x' * 40}, {OLD_KEY}") == 202
     assert report_page_status(old_token) == 404  # the old key dropped: its links no longer open
     assert report_page_status(new_token, SECRET_KEY_FALLBACKS=OLD_KEY) == 202  # new links use SECRET_KEY
-
-
-def run_django(code: str, **env) -> subprocess.CompletedProcess:
-    """`code` in a fresh process with payonce's real settings (config.settings) and this test's database."""
-    environ = process_env(**env)
-    environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    script = "import django\ndjango.setup()\n" + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=environ, capture_output=True,
-                          text=True, timeout=60)
 
 
 def test_a_multi_host_database_url_reaches_the_first_host_that_accepts_writes():

@@ -20,7 +20,7 @@ from config.startup import DEVELOPMENT_SECRET_KEY
 from jobs.reports import report_link
 from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_DEVELOPMENT_SECRET
 from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, procfile_command, process_env
-from tests.jobs.test_reports import report_body
+from tests.support.reports import report_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,6 +33,7 @@ def without_secret_key(**overrides) -> dict:
     return env
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["web", "worker", "webhooks", "beat"])
 def test_a_process_with_debug_off_and_no_secret_key_refuses_to_start_and_says_why(name, tmp_path):
     env = without_secret_key(PORT=free_port(), PAYONCE_VAR_DIR=tmp_path)
@@ -44,6 +45,7 @@ def test_a_process_with_debug_off_and_no_secret_key_refuses_to_start_and_says_wh
     assert "refuses to start" in done.stdout + done.stderr and "SECRET_KEY" in done.stdout + done.stderr
 
 
+@pytest.mark.e2e
 def test_the_web_process_with_debug_on_starts_with_the_development_key(db):
     web = ProcfileProcess("web", {"PORT": free_port(), "DEBUG": "1", "SECRET_KEY": DEVELOPMENT_SECRET_KEY}).start()
     try:
@@ -60,6 +62,7 @@ def _signed_sandbox_callback() -> tuple[str, dict]:
                   "webhook-signature": Webhook(SANDBOX_DEVELOPMENT_SECRET).sign(message_id, at, text)}
 
 
+@pytest.mark.e2e
 def test_sandbox_callbacks_are_404_when_real_providers_are_the_configured_ones(db):
     web = ProcfileProcess("web", {"PORT": free_port(), "REAL_PROVIDERS": "1", "ANTHROPIC_API_KEY": "sk-ant-test"}).start()
     try:
@@ -72,6 +75,7 @@ def test_sandbox_callbacks_are_404_when_real_providers_are_the_configured_ones(d
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "CALLBACK_NOT_CONFIGURED"
 
 
+@pytest.mark.e2e
 def test_sandbox_callbacks_are_still_verified_while_the_sandbox_is_the_provider(web_stack):
     body, headers = _signed_sandbox_callback()
 
@@ -131,6 +135,7 @@ def test_with_email_console_links_the_console_mail_shows_the_link_and_still_reda
     assert link not in logged.getvalue().split("a line quoting")[1]
 
 
+@pytest.mark.e2e
 def test_a_worker_with_console_mail_never_writes_a_report_link_into_its_log(jobs_worker, api, ledger):
     created = api.create(report_body(chapters=["sun", "moon"]), key="console-mail")
     assert created.status_code == 201, created.content

@@ -5,8 +5,12 @@ import os
 import threading
 import uuid
 
+import pytest
+
 from jobs.services import client_create
 from tests.support.http_api import HttpApi
+
+pytestmark = pytest.mark.e2e
 
 
 def _thread_ids(pids: list[int]) -> set[tuple[int, int]]:

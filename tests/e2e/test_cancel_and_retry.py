@@ -1,14 +1,12 @@
 """Cancel and a person's retry on real processes: the worker as the Procfile starts it and the sandbox."""
 
-import time
-
 import pytest
 import requests
 
 from jobs.models import Step
 from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for, wait_until
 from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -18,16 +16,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 def api(make_api):
     """A client that takes webhooks: its jobs' events are outbox rows to check (no webhooks process runs)."""
     return make_api("acme", webhook_url=HOOK_URL)
-
-
-def wait_until(predicate, timeout: float = 15.0, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{message} not met within {timeout}s")
 
 
 def test_cancel_while_running_cancels_upstream_and_emits_one_event(jobs_worker, ledger, api):

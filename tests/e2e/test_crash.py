@@ -38,6 +38,7 @@ from executor.models import Attempt
 from jobs.models import Job, Step
 from jobs.services import client_create
 from tests.conftest import HOOK_URL, purge_queue
+from tests.support import redis_server
 from tests.support.books import assert_books_balance
 from tests.support.procs import ProcfileProcess, Stack
 from webhooks.models import Delivery
@@ -53,8 +54,8 @@ PREFORK_WORKER = ("celery -A config worker -Q jobs --pool prefork --concurrency 
 
 SCENARIOS = {
     # broker URL, worker command (None: the Procfile's), how the broker loses its messages
-    "redis": ("redis://127.0.0.1:6379/12", None, "flushdb"),
-    "redis-prefork-children": ("redis://127.0.0.1:6379/12", PREFORK_WORKER, "flushdb"),
+    "redis": (redis_server.url(12), None, "flushdb"),
+    "redis-prefork-children": (redis_server.url(12), PREFORK_WORKER, "flushdb"),
     "rabbitmq": ("amqp://guest:guest@127.0.0.1:5672//", None, "purge"),
 }
 
@@ -141,7 +142,7 @@ def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(killed_
 def held_stack(transactional_db, ledger):  # stopped before the database is flushed
     # A send may take PROVIDER_CONNECT_TIMEOUT_S + PROVIDER_READ_TIMEOUT_S: how long a lookup must wait
     # before "not found" proves a send absent (kept short here).
-    processes = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1)
+    processes = Stack(redis_server.url(10), PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1)
     try:
         yield processes.start()
     finally:
@@ -236,7 +237,7 @@ def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charg
 def keyed_worker_down_for(ledger, down_s: float, **env) -> str:
     """kill_while_submitting on a video-keyed job, its worker down for `down_s`, on a stack of its own
     (the `held_stack` fixture's settings, with `env`)."""
-    processes = Stack("redis://127.0.0.1:6379/10", PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1, **env)
+    processes = Stack(redis_server.url(10), PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1, **env)
     try:
         return kill_while_submitting(processes.start(), ledger, "sandbox/video-keyed", down_s=down_s)
     finally:
@@ -275,7 +276,7 @@ def test_a_keyed_submit_found_after_its_key_may_have_expired_is_uncertain_and_ne
 # --- 3. database connections cut -------------------------------------------------------------------------
 
 
-CUTS_BROKER = "redis://127.0.0.1:6379/8"
+CUTS_BROKER = redis_server.url(8)
 TASK_LINE = re.compile(r"Task (webhooks\.\w+)\[([0-9a-f-]+)\] (received|succeeded|raised|retry)")
 
 

@@ -1,32 +1,13 @@
 """The walking skeleton on real processes: a Celery worker and the sandbox provider, started by the suite."""
 
-import time
-
 import pytest
 
 from executor.store import client_store
 from tests.conftest import media_body
-from tests.support.books import assert_books_balance
+from tests.support.books import assert_books_balance, charges_for
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(api, job_id: str, statuses: set[str], timeout: float = 30.0) -> tuple[dict, list[str]]:
-    """Poll GET /v1/jobs/{id} until the job is in one of `statuses`; returns it and the states seen."""
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = api.job(job_id)
-        if not seen or seen[-1] != job["status"]:
-            seen.append(job["status"])
-        if job["status"] in statuses:
-            return job, seen
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} still {seen[-1]!r} after {timeout}s (seen {seen})")
-
-
-def charges_for(ledger, job_id: str) -> list[dict]:
-    return [c for c in ledger.ledger()["charges"] if c["metadata"].get("payonce_job") == job_id]
 
 
 def test_media_job_runs_to_success_and_pays_once(jobs_worker, ledger, api, django_capture_on_commit_callbacks):

@@ -2,36 +2,17 @@
 driven by playwright (no browser download), against the real `web` process, at a phone's size, with
 nothing fetched from anywhere but payonce itself."""
 
-from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
 
 from jobs.reports import link_token
 from jobs.services import client_create
-from tests.support import browser
+from tests.support.browser import chromium
 from tests.support.http_api import HttpApi
-from tests.jobs.test_reports import CHAPTERS, report_body
-from tests.jobs.test_web_answers import assert_strict_report_page_headers
+from tests.support.reports import CHAPTERS, assert_strict_report_page_headers, report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@contextmanager
-def chromium():
-    """Debian's chromium under playwright. Used after the test's database work: playwright's sync API
-    runs an event loop in this thread, and Django keeps the database away from async contexts."""
-    from playwright.sync_api import sync_playwright
-
-    executable = browser.executable()  # fails saying how to get one when there is none
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=FLAGS, headless=True)
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 def test_the_report_page_reads_on_a_phone_with_every_chapter_in_order_and_nothing_fetched_elsewhere(

@@ -13,13 +13,13 @@ from datetime import datetime, timezone
 
 import pytest
 import requests
-from standardwebhooks.webhooks import Webhook
 
-from executor import callbacks, policy
+from executor import policy
 from executor.models import Attempt
 from jobs.models import Step
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
+from tests.support.callbacks import signed
 from tests.support.http_api import HttpApi
 
 
@@ -41,21 +41,11 @@ def polls_of(ledger, job_id: str) -> list[dict]:
             and c["model"]]
 
 
-def signed(body: dict, *, secret: str = callbacks.secret_of("sandbox"), message_id: str | None = None,
-           at: datetime | None = None) -> tuple[str, dict]:
-    message_id = message_id or f"msg-{uuid.uuid4()}"
-    text = json.dumps(body)
-    at = at or datetime.now(timezone.utc)
-    headers = {"Content-Type": "application/json", "webhook-id": message_id,
-               "webhook-timestamp": str(int(at.timestamp())),
-               "webhook-signature": Webhook(secret).sign(message_id, at, text)}
-    return text, headers
-
-
 def call_back(web_stack, body: str, headers: dict, provider: str = "sandbox") -> requests.Response:
     return requests.post(f"{web_stack.url}/v1/callbacks/{provider}", data=body, headers=headers, timeout=10)
 
 
+@pytest.mark.e2e
 def test_a_callback_before_the_scheduled_poll_wakes_the_job_at_once(api, ledger):
     # The render takes 1 s; the sandbox says 60: without its callback the first poll would be at 60 s.
     started = time.monotonic()
@@ -71,6 +61,7 @@ def test_a_callback_before_the_scheduled_poll_wakes_the_job_at_once(api, ledger)
     assert len(assert_books_balance(ledger)) == 1
 
 
+@pytest.mark.e2e
 def test_a_callback_that_never_comes_still_ends_in_success_through_polling(api, ledger):
     ledger.faults([{"model": "video-keyed", "action": "drop_callback"}])
     job_id = render("dropped", api, render_s=1, expected_s=3)
@@ -82,6 +73,7 @@ def test_a_callback_that_never_comes_still_ends_in_success_through_polling(api, 
     assert len(assert_books_balance(ledger)) == 1
 
 
+@pytest.mark.e2e
 def test_a_callback_crossing_a_slow_poll_pays_once_and_ends_once(api, ledger):
     # The scheduled poll and the callback both come at ~2 s; the poll is held 1.5 s by the sandbox, so
     # the woken pass polls while the scheduled one is still out (whichever runs first).
@@ -100,6 +92,7 @@ def test_a_callback_crossing_a_slow_poll_pays_once_and_ends_once(api, ledger):
     assert len(assert_books_balance(ledger)) == 1
 
 
+@pytest.mark.e2e
 def test_a_callback_after_the_job_ended_changes_nothing(api, ledger, web_stack):
     job_id = render("after", api, render_s=0)
     assert api.wait(job_id)["status"] == "succeeded"
@@ -118,6 +111,7 @@ def test_a_callback_after_the_job_ended_changes_nothing(api, ledger, web_stack):
     assert len(assert_books_balance(ledger)) == 1
 
 
+@pytest.mark.e2e
 def test_forged_old_unknown_and_repeated_callbacks_change_nothing_and_get_a_4xx(api, ledger, web_stack):
     job_id = render("forged", api, render_s=30, expected_s=30)
     api.wait(job_id, statuses={"running"}, until=lambda j: j["attempts"] and j["attempts"][0]["state"] == "running")
@@ -162,6 +156,7 @@ def test_forged_old_unknown_and_repeated_callbacks_change_nothing_and_get_a_4xx(
     assert api.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
 
 
+@pytest.mark.e2e
 def test_without_an_expected_duration_the_fallback_polls_back_off(api, ledger):
     # No duration said, and the callback asked for is lost: polling is the fallback, its gaps starting
     # at POLL_CALLBACK_FACTOR x POLL_INTERVAL_S (4 x 0.5 s here) and doubling: 2, 4, 8 s, not every 0.5 s.
@@ -208,6 +203,7 @@ def test_a_pass_before_the_expected_duration_asks_nothing():
     assert policy.next_poll_s(waited_s=10, expected_s=60, interval_s=2, cap_s=30, left_s=3600) == 50
 
 
+@pytest.mark.e2e
 def test_a_callback_wakes_the_running_attempt_when_a_provider_id_names_two(api, ledger):
     # A sandbox reset starts its generation ids again: the second job's render gets the first one's id.
     first = render("first", api, render_s=0)

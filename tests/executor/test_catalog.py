@@ -17,7 +17,7 @@ from executor.models import ModelConfig
 from executor.providers import ADAPTERS
 from executor.registry import PAYONCE_INPUT_KEYS
 from tests.conftest import media_body
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for
 from tests.support.books import assert_books_balance
 from tests.support.drive import media_job, run_media
 from tests.support.procs import REPO_ROOT, process_env
@@ -100,6 +100,7 @@ def test_a_changed_models_file_is_read_again_without_a_restart(models_file, db, 
     ({**SCHNELL_ENTRY, "price": {"per_unit": "-1"}}, "not negative"),
     ({**SCHNELL_ENTRY, "price": {"input": "1"}}, "both input and output"),
 ])
+@pytest.mark.e2e
 def test_a_wrong_models_file_refuses_to_start_naming_the_model_and_the_problem(tmp_path, entry, named):
     path = tmp_path / "models.json"
     path.write_text(json.dumps({"models": [entry]}))

@@ -22,7 +22,7 @@ from jobs.models import Job
 from jobs.outcomes import JobFailure, Later, Stop
 from jobs.services import job_cancel
 from tests.conftest import media_body, purge_queue
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for
 from tests.support.books import assert_books_balance
 from tests.support.drive import drive, media_job, run_media
 from tests.support.procs import ProcfileProcess

@@ -18,8 +18,7 @@ from jobs.outcomes import Stop
 from jobs.tasks import start_run
 from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
-from tests.e2e.test_cancel_and_retry import wait_until
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for, wait_until
 from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -19,7 +19,7 @@ from executor.store import client_store
 from jobs import recipes, runner, services
 from jobs.models import Job, JobStatus, Step
 from jobs.serializers import JobCreateSerializer
-from tests.executor.test_openai_images import PATH, PNG
+from tests.support.openai_images import PATH, PNG
 from tests.support.replay_server import ReplayServer
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -97,6 +97,7 @@ def fetch_counter(url: str) -> dict[str, float]:
             re.findall(r'^payonce_key_page_fetches_total\{outcome="(\w+)"\} (\S+)$', text, re.M)}
 
 
+@pytest.mark.alone  # measures other clients' latency against their usual: other tests' load would skew it
 def test_a_forged_callback_storm_during_a_key_page_outage_leaves_other_clients_at_their_usual_latency(outage):
     key = client_create(name="bystander")["api_key"]
     before = [whoami_latency(outage.url, key) for _ in range(5)]

@@ -17,7 +17,8 @@ from jobs.models import Job, Step
 from sandbox import catalog as sandbox_catalog
 from sandbox.server import ApiError, _render_params
 from tests.conftest import media_body
-from tests.e2e.test_media import charges_for, wait_for
+from tests.support.books import charges_for
+from tests.support.waiting import wait_for
 from tests.support.replay_server import ReplayServer
 
 SANDBOX_MEDIA = ["sandbox/video-keyed", "sandbox/image-lookup", "sandbox/image-blind"]
@@ -190,9 +191,10 @@ def test_the_schema_says_which_parameters_the_sandbox_models_take(api):
     assert "Replicate" in described
 
 
+@pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)  # the manage.py process reads the client the test wrote
 def test_the_cli_submit_refuses_an_undeclared_parameter_as_the_api_does(api):
-    from tests.operators.test_cli import manage
+    from tests.support.commands import manage
 
     body = media_body(input={"prompt": "x", "rendr_s": 1})
     answer = api.create(body, key="cli-typo")

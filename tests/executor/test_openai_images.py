@@ -24,13 +24,12 @@ from executor.providers.openai_images.adapter import (
     worst_case_usd,
 )
 from executor.providers.replay import fixture
+from tests.support.openai_images import PATH, PNG
 from tests.support.replay_server import DROP, Delayed, ReplayServer
 
 UNROUTABLE = "http://10.255.255.1:9"  # a private address nothing answers on
-PATH = "/v1/images/generations"
 PROMPT = "a lighthouse at dusk"
 METADATA = {"payonce_job": "3f1c2b9e-job", "payonce_attempt": 2, "upstream_key": "payonce-3f1c2b9e-job-2"}
-PNG = base64.b64decode(fixture("openai_images/images_generation")["body"]["data"][0]["b64_json"])
 
 
 @pytest.fixture

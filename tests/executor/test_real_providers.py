@@ -9,11 +9,12 @@ import pytest
 
 from tests.conftest import media_body
 from tests.support.procs import REPO_ROOT, process_env
-from tests.e2e.test_media import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.e2e
 def test_real_providers_on_without_a_key_refuses_to_start(db):
     env = process_env(REAL_PROVIDERS="1", ANTHROPIC_API_KEY="", OPENAI_API_KEY="", REPLICATE_API_TOKEN="")
     done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO_ROOT, env=env,
@@ -23,6 +24,7 @@ def test_real_providers_on_without_a_key_refuses_to_start(db):
         assert variable in done.stderr
 
 
+@pytest.mark.e2e
 def test_real_providers_on_with_a_key_starts(db):
     env = process_env(REAL_PROVIDERS="1", ANTHROPIC_API_KEY="sk-ant-test", OPENAI_API_KEY="", REPLICATE_API_TOKEN="")
     done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO_ROOT, env=env,

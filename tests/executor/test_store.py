@@ -61,7 +61,7 @@ def s3_store(moto):
     return S3Store(BUCKET, f"t-{uuid.uuid4().hex[:12]}", endpoint_url=moto.url, region_name=REGION)
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.e2e)])  # s3: a moto server process
 def store(request, tmp_path):
     if request.param == "file":
         return FileStore(tmp_path / "outputs")
@@ -180,6 +180,7 @@ def test_invalid_keys_are_rejected(store, key):
 # S3 only.
 
 
+@pytest.mark.e2e
 def test_s3_conditional_write_reaches_the_server(s3_store, moto):
     """The refusal comes from the server, on If-None-Match: *, not from a check in our code: if moto did
     not honour the condition, the second write would land and this test fails."""
@@ -211,6 +212,7 @@ def test_s3_conditional_write_reaches_the_server(s3_store, moto):
     assert raw.get_object(Bucket=BUCKET, Key=control)["Body"].read() == b"two"
 
 
+@pytest.mark.e2e
 def test_s3_object_carries_the_metadata_as_user_metadata(s3_store, moto):
     s3_store.put("outputs/job-7/image.png", b"png", content_type="image/png",
                  metadata={"written_by": "job-7", "provider": "sandbox", "model": "m", "attempt": 2})
@@ -221,6 +223,7 @@ def test_s3_object_carries_the_metadata_as_user_metadata(s3_store, moto):
     assert s3_store.head("outputs/job-7/image.png").metadata["attempt"] == "2"
 
 
+@pytest.mark.e2e
 def test_s3_presigned_url_serves_the_bytes_over_http(s3_store):
     payload = b"\x00\x01 some media \xff" * 100
     s3_store.put("outputs/job-1/clip.mp4", payload, content_type="video/mp4", metadata=meta("job-1"))
@@ -239,6 +242,7 @@ def fresh_store_cache():
     store_module._store_for.cache_clear()
 
 
+@pytest.mark.e2e
 def test_get_store_builds_an_s3store_from_settings(settings, monkeypatch, moto, fresh_store_cache):
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
     settings.OUTPUT_STORE_URL = f"s3://{BUCKET}/payonce/outputs"

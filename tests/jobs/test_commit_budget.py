@@ -21,7 +21,7 @@ from jobs import outcomes, runner, services
 from jobs.models import JobStatus
 from jobs.serializers import JobCreateSerializer
 from tests.conftest import HOOK_URL
-from tests.executor.test_openai_images import PATH as OPENAI_IMAGES_PATH
+from tests.support.openai_images import PATH as OPENAI_IMAGES_PATH
 from tests.support.books import assert_books_balance
 from tests.support.replay_server import ReplayServer
 

@@ -18,7 +18,7 @@ from jobs import events
 from jobs.models import Job
 from jobs.reports import link_token
 from tests.conftest import media_body
-from tests.executor.test_callbacks import signed
+from tests.support.callbacks import signed
 
 pytestmark = pytest.mark.django_db(transaction=True)  # no test transaction left open across the outage
 

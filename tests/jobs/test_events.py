@@ -17,7 +17,7 @@ from jobs.services import client_create
 from tests.conftest import WEB_STACK_ENV
 from tests.support.http_api import HttpApi
 from tests.support.procs import ProcfileProcess, free_port
-from tests.jobs.test_reports import report_body
+from tests.support.reports import report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 SSE_MAX_S = 8

@@ -12,7 +12,7 @@ import pytest
 
 from executor.models import Attempt
 from jobs.reports import scope_tag
-from tests.jobs.test_reports import CHAPTERS, SUBJECT, llm_calls, report_body, wait_ended
+from tests.support.reports import CHAPTERS, SUBJECT, llm_calls, report_body, wait_ended
 from tests.support.books import assert_books_balance
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -12,31 +12,10 @@ from billing.models import Reservation
 from executor.models import Attempt
 from jobs.models import Job, Report, ReportChapter
 from tests.support.books import assert_books_balance
+from tests.support import redis_server
+from tests.support.reports import CHAPTERS, llm_calls, report_body, wait_ended
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-CHAPTERS = ["sun", "moon", "rising", "venus", "mars", "jupiter", "saturn", "nodes"]
-SUBJECT = {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"}
-
-
-def report_body(chapters=CHAPTERS, **overrides) -> dict:
-    body = {"kind": "report", "models": ["sandbox/llm"],
-            "input": {"subject": SUBJECT, "chapters": list(chapters), "email": "ada@example.com"}}
-    body.update(overrides)
-    return body
-
-
-def wait_ended(api, job_id: str, timeout: float = 60.0, run: int | None = None) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = api.job(job_id)
-        if job["status"] in ("succeeded", "failed", "cancelled", "waiting") and (run is None or job["run"] == run):
-            return job
-        assert time.monotonic() < deadline, f"report {job_id} still {job['status']}: {job.get('chapters')}"
-        time.sleep(0.1)
-
-
-def llm_calls(ledger) -> list[dict]:
-    return [c for c in ledger.calls() if c["kind"] == "submit" and c.get("model") == "llm"]
 
 
 def link_in(mail: dict) -> str:
@@ -304,7 +283,7 @@ def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_deliver
 def report_stack(transactional_db, ledger, mailbox):
     from tests.support.procs import Stack
 
-    processes = Stack("redis://127.0.0.1:6379/13", EMAIL_URL=mailbox.url, WORKER_CONCURRENCY=16)
+    processes = Stack(redis_server.url(13), EMAIL_URL=mailbox.url, WORKER_CONCURRENCY=16)
     try:
         yield processes.start()
     finally:

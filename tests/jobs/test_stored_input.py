@@ -17,7 +17,7 @@ from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.services import client_create
 from orders.models import Order
 from tests.support.http_api import HttpApi
-from tests.jobs.test_reports import SUBJECT, report_body
+from tests.support.reports import SUBJECT, report_body
 from webhooks.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,6 +41,7 @@ def order_body(chapters, payment="pi_stored_1", **overrides) -> dict:
 LEADING_SPACE_64 = " " + "a" * 64  # the finding's key: 64 letters once trimmed, 65 characters as stored
 
 
+@pytest.mark.e2e
 def test_the_findings_order_with_a_leading_space_chapter_key_is_422_and_pays_nothing(alice, ledger):
     answer = post_order(alice, order_body(["sun", LEADING_SPACE_64]))
 
@@ -49,6 +50,7 @@ def test_the_findings_order_with_a_leading_space_chapter_key_is_422_and_pays_not
     assert Order.objects.count() == 0 and Job.objects.count() == 0 and ledger.ledger()["charges"] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("chapters", [[LEADING_SPACE_64], ["sun ", " moon"], ["sun\n"], ["sun", "moon\n"],
                                       ["a" * 65], ["ｓｕｎ"]],
                          ids=["leading-space-64", "spaces-around", "final-newline", "second-final-newline",
@@ -61,6 +63,7 @@ def test_a_chapter_key_that_is_not_exactly_a_slug_is_422_for_a_job(alice, chapte
     assert Job.objects.count() == 0
 
 
+@pytest.mark.e2e
 def test_a_report_email_with_spaces_is_stored_trimmed_and_its_replay_is_still_202(alice):
     body = report_body(chapters=["sun", "moon"])
     body["input"]["email"] = "  ada@example.com "
@@ -74,6 +77,7 @@ def test_a_report_email_with_spaces_is_stored_trimmed_and_its_replay_is_still_20
     assert stored.input == {"subject": SUBJECT, "chapters": ["sun", "moon"], "email": "ada@example.com"}
 
 
+@pytest.mark.e2e
 def test_a_media_prompt_is_stored_as_it_was_checked(alice):
     body = {"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "  a lighthouse\n", "render_s": 1}}
 

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from jobs.services import client_create
 from tests.support.http_api import HttpApi
+from tests.support.reports import assert_strict_report_page_headers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -102,8 +103,8 @@ def test_the_report_of_a_media_job_is_404_not_a_report(web_stack):
 
 
 def test_a_succeeded_reports_output_is_a_303_to_its_report_for_the_api_and_its_text_for_staff(web_stack, web_worker):
-    from tests.operators.test_admin_permissions import login, staff
-    from tests.jobs.test_reports import report_body, wait_ended
+    from tests.support.admin import login, staff
+    from tests.support.reports import report_body, wait_ended
 
     api = HttpApi(web_stack.url, client_create(name="report-reader"))
     job_id = api.create(report_body(chapters=["sun", "moon"]), key="output-of-a-report").json()["id"]
@@ -138,19 +139,6 @@ def test_the_output_of_a_job_with_none_yet_is_409_job_not_succeeded_and_the_call
     callback = document["paths"]["/v1/callbacks/{provider}"]["post"]
     assert callback["security"] == [] and {"200", "202", "400", "404", "409", "422"} <= set(callback["responses"])
     assert "409" in document["paths"]["/v1/jobs/{job_id}/output"]["get"]["responses"]
-
-
-def assert_strict_report_page_headers(headers, text: str) -> None:
-    """The report page's headers (the browser test checks them on a sealed report's page)."""
-    headers = {name.lower(): value for name, value in headers.items()}
-    policy = dict(part.strip().split(" ", 1) for part in headers["content-security-policy"].split(";"))
-    assert policy["default-src"] == "'none'" and policy["img-src"] == "'none'"
-    assert policy["frame-ancestors"] == "'none'" and policy["base-uri"] == "'none'"
-    assert policy["form-action"] == "'none'" and "script-src" not in policy
-    nonce = re.fullmatch(r"'nonce-([A-Za-z0-9_-]{20,})'", policy["style-src"]).group(1)
-    assert f'<style nonce="{nonce}">' in text
-    assert headers["x-content-type-options"] == "nosniff"
-    assert headers["referrer-policy"] == "no-referrer"
 
 
 def test_a_link_that_opens_nothing_is_served_under_the_same_strict_content_security_policy(web_stack):

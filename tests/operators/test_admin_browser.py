@@ -18,9 +18,10 @@ import pytest
 import requests
 
 from tests.conftest import WEBHOOK_TEST_ENV, media_body
+from tests.support import redis_server
 from tests.support.http_receiver import Receiver
-from tests.e2e.test_report_page_browser import chromium
-from tests.jobs.test_reports import report_body
+from tests.support.browser import chromium
+from tests.support.reports import report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[2] / "var/test-artifacts/admin")
@@ -59,7 +60,7 @@ def ops_stack(transactional_db, ledger, mailbox):
 
     # A broker of its own (db 10 is free while this test runs: the suite runs one file at a time).
     # The drainer every half second: the failing webhooks use up their tries (1 s apart) in seconds.
-    processes = Stack("redis://127.0.0.1:6379/10", webhooks=True, EMAIL_URL=mailbox.url, WEBHOOK_DRAIN_INTERVAL_S=0.5,
+    processes = Stack(redis_server.url(10), webhooks=True, EMAIL_URL=mailbox.url, WEBHOOK_DRAIN_INTERVAL_S=0.5,
                       **WEBHOOK_TEST_ENV)
     try:
         yield processes.start()

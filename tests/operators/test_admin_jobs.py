@@ -201,7 +201,7 @@ def test_a_bad_filter_value_is_refused_not_a_500(admin_client, jobs):
 
 def test_a_report_that_failed_before_its_first_step_previews_a_retry_of_every_call(admin_client, api):
     from jobs.models import Report
-    from tests.jobs.test_reports import CHAPTERS, report_body
+    from tests.support.reports import CHAPTERS, report_body
 
     response = api.create(report_body(), key="early")
     job_id = response.json()["id"]
@@ -314,7 +314,8 @@ def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_t
     from jobs.reports import chapter_save, report_from_token, report_load
     from orders.models import Order
     from orders.services import order_create
-    from tests.operators.test_admin_spend import make_client, media_job, order_data
+    from tests.support.admin import make_client, media_job
+    from tests.support.orders import order_data
 
     order, _ = order_create(client=make_client("shop"), data=order_data("pi_1"))
     url = f"/admin/jobs/job/{order.job_id}/change/"
@@ -346,7 +347,8 @@ def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_t
 
 def test_a_reports_output_is_its_link_so_the_output_url_is_404_not_a_500(admin_client):
     from orders.services import order_create
-    from tests.operators.test_admin_spend import make_client, order_data
+    from tests.support.admin import make_client
+    from tests.support.orders import order_data
 
     order, _ = order_create(client=make_client("shop"), data=order_data("pi_1"))
     job_finish(job_id=order.job_id, status=JobStatus.SUCCEEDED,

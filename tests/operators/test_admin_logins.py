@@ -90,6 +90,7 @@ def timed_logins(url: str, names: list[str], password: str) -> tuple[list[reques
     return answers, (time.monotonic() - started) / len(names)
 
 
+@pytest.mark.alone  # compares the time of two kinds of login: other tests' load would skew one of them
 def test_wrong_logins_for_unknown_users_lock_the_address_out_and_then_cost_no_hashing(web_with_address_limit):
     web = web_with_address_limit
     get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)

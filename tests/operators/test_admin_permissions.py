@@ -13,9 +13,6 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
-import requests
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db import transaction
 
 from accounts.models import Client
@@ -27,12 +24,12 @@ from operators.models import OperatorAction
 from orders.models import Order
 from orders.services import order_create
 from tests.conftest import HOOK_URL
+from tests.support.admin import login, staff
 from webhooks.models import Delivery, DeliveryStatus
 from webhooks.services import delivery_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
-PASSWORD = "correct horse battery staple 7"
 VIEW = ["jobs.view_job", "orders.view_order", "webhooks.view_deadletter", "webhooks.view_delivery",
         "billing.view_budgetmonth"]
 PROFILES = {  # user -> the permissions they hold (superuser: all)
@@ -44,28 +41,6 @@ PROFILES = {  # user -> the permissions they hold (superuser: all)
     "replayer": [*VIEW, "webhooks.replay_delivery"],
     "root": None,
 }
-
-
-def staff(name: str, perms: list[str] | None):
-    users = get_user_model().objects
-    if perms is None:
-        return users.create_superuser(name, f"{name}@example.com", PASSWORD)
-    user = users.create_user(name, f"{name}@example.com", PASSWORD, is_staff=True)
-    for perm in perms:
-        app, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
-    return user
-
-
-def login(base_url: str, name: str) -> requests.Session:
-    session = requests.Session()
-    session.get(f"{base_url}/admin/login/", timeout=10)
-    answer = session.post(f"{base_url}/admin/login/?next=/admin/", timeout=10, allow_redirects=False,
-                          data={"username": name, "password": PASSWORD,
-                                "csrfmiddlewaretoken": session.cookies["csrftoken"]},
-                          headers={"Referer": f"{base_url}/admin/login/"})
-    assert answer.status_code == 302, (name, answer.status_code)
-    return session
 
 
 @dataclass

@@ -26,12 +26,12 @@ from billing.selectors import month_spend
 from executor.models import Attempt, AttemptState
 from jobs.models import Job, JobStatus
 from jobs.reports import report_load
-from jobs.services import client_create, job_create
 from operators.models import OperatorAction
 from operators.operations import preview_jobs
 from orders.models import Order
 from orders.services import order_create
-from tests.conftest import HOOK_URL
+from tests.support.admin import make_client, media_job
+from tests.support.orders import order_data
 from webhooks.models import Delivery, DeliveryAttempt
 from webhooks.services import delivery_create
 
@@ -42,18 +42,6 @@ SPEND = "/admin/billing/spend/"
 
 
 # --- rows, made through the services ------------------------------------------------------------------------
-
-
-def make_client(name: str, cap: str | None = None, webhook_url: str = HOOK_URL) -> Client:
-    created = client_create(name=name, monthly_cap_usd=D(cap) if cap is not None else None, webhook_url=webhook_url)
-    return Client.objects.get(id=created["client_id"])
-
-
-def media_job(client: Client, key: str) -> Job:
-    job, _ = job_create(client=client, idempotency_key=key, data={
-        "kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": key, "render_s": 0},
-        "policy": {"attempts_per_model": 3, "fallback_on": []}, "metadata": {}})
-    return job
 
 
 def spend(job: Job, key: str, amount: str, cost: str | None | bool = False, at: datetime | None = None) -> None:
@@ -229,11 +217,6 @@ def test_the_chart_has_twelve_bars_whose_heights_follow_the_spend_and_the_cap_li
 
 
 # --- per product, and the lists ------------------------------------------------------------------------------
-
-
-def order_data(payment: str, run: str = "run-1", product: str = "natal-chart") -> dict:
-    return {"payment_id": payment, "run_id": run, "product": product,
-            "input": {"subject": {"name": "Ada"}, "chapters": ["sun", "moon"]}, "email": "buyer@example.com"}
 
 
 def attempt(job: Job, number: int, cost: str | None, *, accepted: bool = True,

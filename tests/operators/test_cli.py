@@ -28,18 +28,13 @@ from jobs.services import client_create, job_finish
 from operators.models import OperatorAction
 from operators.operations import retry_worst_case
 from tests.conftest import WEBHOOK_TEST_ENV, media_body
+from tests.support.commands import ctrl_c_as_a_terminal, manage
 from tests.support.procs import REPO_ROOT, process_env
 from tests.support.webhook_receiver import WebhookReceiver
-from tests.orders.test_orders import order_body, post_order
+from tests.support.orders import order_body, post_order
 from webhooks.models import Delivery, DeliveryStatus, Endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the manage.py processes read what the test wrote
-
-
-def manage(*args, timeout: float = 120, **env) -> subprocess.CompletedProcess:
-    """`.venv/bin/python manage.py ...` on the test database, as an operator runs it (stdout is a pipe)."""
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=process_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def command(name: str, *args) -> tuple[int, str, str]:
@@ -78,6 +73,7 @@ def no_traceback(done: subprocess.CompletedProcess) -> None:
 # --- submit ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_submit_refuses_what_the_api_refuses_with_its_error_and_writes_nothing(api):
     body = media_body(models=["sandbox/nope"])
     answer = api.create(body, key="cli-1")
@@ -160,6 +156,7 @@ def test_watch_json_follows_a_running_job_to_its_terminal_snapshot(jobs_worker, 
     assert final["cost"]["total_usd"] == api.job(job_id)["cost"]["total_usd"] != "0.000000"
 
 
+@pytest.mark.e2e
 def test_watch_of_an_ended_job_exits_by_its_outcome_and_a_pipe_gets_no_control_codes(api):
     failed = a_job(api.client_id, JobStatus.FAILED, error={"code": "EXHAUSTED", "message": "every model refused"})
     waiting = a_job(api.client_id, JobStatus.WAITING,
@@ -186,6 +183,7 @@ def test_watch_of_an_ended_job_exits_by_its_outcome_and_a_pipe_gets_no_control_c
     no_traceback(unknown)
 
 
+@pytest.mark.e2e
 def test_watch_on_a_terminal_draws_a_live_bar(api):
     """The other side of the test above: on a terminal rich draws (so the pipe test can fail)."""
     failed = a_job(api.client_id, JobStatus.FAILED, error={"code": "EXHAUSTED", "message": "no"})
@@ -207,10 +205,7 @@ def test_watch_on_a_terminal_draws_a_live_bar(api):
     assert b"\x1b[" in seen and "━".encode() in seen  # cursor and colour codes, and the bar itself
 
 
-def ctrl_c_as_a_terminal() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
+@pytest.mark.e2e
 def test_ctrl_c_stops_watching_and_leaves_the_job_alone(api):
     job = a_job(api.client_id, JobStatus.QUEUED)  # no worker: it stays queued
     # SIGINT as a terminal leaves it: a suite started in the background (`.ci/run &`) ignores SIGINT, a
@@ -293,6 +288,7 @@ def test_cancel_dry_run_previews_and_changes_nothing(fleet):
     assert OperatorAction.objects.count() == 0
 
 
+@pytest.mark.e2e
 def test_cancel_changes_only_the_matching_jobs_and_writes_one_audit_row(fleet):
     _, _, jobs = fleet
     done = manage("jobs_cancel", "--status", "queued", "--client", "acme", "--reason", "stuck behind a bad deploy",
@@ -317,6 +313,7 @@ def test_the_who_defaults_to_the_os_user(fleet):
     assert OperatorAction.objects.get().who == getpass.getuser() and "1 job(s) changed of 1 matched" in out
 
 
+@pytest.mark.e2e
 def test_an_action_without_a_reason_exits_2_and_changes_nothing(fleet):
     _, _, jobs = fleet
     done = manage("jobs_cancel", "--status", "queued", "--client", "acme")
@@ -326,6 +323,7 @@ def test_an_action_without_a_reason_exits_2_and_changes_nothing(fleet):
     assert statuses(*jobs["queued"]) == ["queued", "queued"] and OperatorAction.objects.count() == 0
 
 
+@pytest.mark.e2e
 def test_no_filter_is_refused_unless_all_is_given(fleet):
     _, _, jobs = fleet
     done = manage("jobs_cancel", "--reason", "clean up")
@@ -342,6 +340,7 @@ def test_no_filter_is_refused_unless_all_is_given(fleet):
         ["cancelled"] * 4 + ["succeeded"])
 
 
+@pytest.mark.e2e
 def test_unknown_ids_and_bad_filters_exit_2_without_a_traceback(fleet):
     done = manage("jobs_cancel", "--id", "not-a-job", "--reason", "r")  # one as a real process, as operators run it
     assert done.returncode == 2, done.stderr

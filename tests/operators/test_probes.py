@@ -76,6 +76,7 @@ def probe(web, path="/readyz", **kwargs):
     return answer.status_code, answer.json(), time.monotonic() - started
 
 
+@pytest.mark.e2e
 def test_healthz_and_readyz_answer_without_a_key_and_readyz_has_written(web):
     before = time.time()
     assert probe(web, "/healthz")[:2] == (200, {"status": "ok"})
@@ -95,6 +96,7 @@ def test_healthz_and_readyz_answer_without_a_key_and_readyz_has_written(web):
         assert refused.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
 
 
+@pytest.mark.e2e
 def test_readyz_fails_within_one_probe_when_the_database_turns_read_only_and_recovers_on_its_own(web):
     assert probe(web)[0] == 200  # the web process's pool holds sessions from before the change
     offset = len(web.output())
@@ -108,6 +110,7 @@ def test_readyz_fails_within_one_probe_when_the_database_turns_read_only_and_rec
     assert "readyz: ready again" in web.output()[offset:]
 
 
+@pytest.mark.e2e
 def test_readyz_is_503_within_its_timeout_while_a_lock_holds_the_write_and_leaves_no_backend_waiting(web):
     table = ReadinessMark._meta.db_table
     db = connection.settings_dict
@@ -135,6 +138,7 @@ def test_readyz_is_503_within_its_timeout_while_a_lock_holds_the_write_and_leave
     assert probe(web)[0] == 200
 
 
+@pytest.mark.e2e
 def test_a_probe_that_passes_writes_no_log_line_and_no_metric(web):
     assert probe(web)[0] == 200
     offset = len(web.output())
@@ -146,6 +150,7 @@ def test_a_probe_that_passes_writes_no_log_line_and_no_metric(web):
     assert metrics.status_code == 200 and "healthz" not in metrics.text and "readyz" not in metrics.text
 
 
+@pytest.mark.e2e
 def test_the_probes_are_not_in_the_api_document(web):
     # Operational endpoints, like /metrics and /admin/: no client library calls them.
     document = requests.get(f"{web.url}/v1/schema", headers={"Accept": "application/vnd.oai.openapi+json"},
@@ -154,6 +159,7 @@ def test_the_probes_are_not_in_the_api_document(web):
     assert not {"/healthz", "/readyz"} & set(document["paths"])
 
 
+@pytest.mark.e2e
 def test_healthz_answers_and_readyz_is_503_in_time_when_the_database_hangs_and_the_broker_is_closed(
         django_db_setup, django_db_blocker):
     with hanging_server() as port:
@@ -173,6 +179,7 @@ def test_healthz_answers_and_readyz_is_503_in_time_when_the_database_hangs_and_t
             web.stop()
 
 
+@pytest.mark.e2e
 def test_readyz_is_503_in_time_when_the_broker_hangs(django_db_setup, django_db_blocker):
     with hanging_server() as port:
         web = _web(django_db_blocker, BROKER_URL=f"redis://127.0.0.1:{port}/0")

@@ -14,21 +14,11 @@ from jobs.reports import report_from_token
 from operators.models import OperatorAction
 from orders.models import Order
 from tests.support.books import assert_books_balance
+from tests.support.orders import order_body, post_order
 from tests.support.procs import REPO_ROOT
-from tests.jobs.test_reports import CHAPTERS, SUBJECT, report_body, wait_ended
+from tests.support.reports import CHAPTERS, SUBJECT, report_body, wait_ended
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-def order_body(payment: str = "pi_1", run: str = "run-42", product: str = "natal-chart", **overrides) -> dict:
-    body = {"payment_id": payment, "run_id": run, "product": product,
-            "input": {"subject": SUBJECT, "chapters": CHAPTERS[:3]}, "email": "buyer@example.com"}
-    body.update(overrides)
-    return body
-
-
-def post_order(api, body):
-    return api.http.post("/v1/orders", data=json.dumps(body), content_type="application/json", headers=api.headers())
 
 
 def test_a_paid_order_makes_one_report_and_its_replay_is_the_same_order(report_worker, ledger, api, mailbox):

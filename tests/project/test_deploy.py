@@ -83,6 +83,7 @@ def test_every_procfile_process_has_a_unit_or_a_documented_reason_not_to():
         assert reason in OPERATING.read_text()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(set(procfile()) - set(NO_UNIT)))
 def test_each_unit_runs_the_procfile_line_of_its_process(name):
     sections = unit(DEPLOY / f"payonce-{name}.service")
@@ -93,6 +94,7 @@ def test_each_unit_runs_the_procfile_line_of_its_process(name):
     assert procfile_exec_print(name) == procfile()[name]
 
 
+@pytest.mark.e2e
 def test_procfile_exec_runs_every_process_exactly_as_its_procfile_line_and_refuses_an_unknown_one():
     for name, command in procfile().items():
         assert procfile_exec_print(name) == command
@@ -102,6 +104,7 @@ def test_procfile_exec_runs_every_process_exactly_as_its_procfile_line_and_refus
         assert done.returncode == 64 and "procfile-exec" in done.stderr, (wrong, done)
 
 
+@pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 def test_procfile_exec_starts_web_and_worker_as_their_units_do():
     """The command of the units and the image, started for real: `web` on the PORT its unit sets, `worker`
@@ -147,6 +150,7 @@ def test_units_carry_what_a_service_needs_and_migrations_run_once_per_release_no
     assert unit(DEPLOY / "payonce.target")["Install"] == [("WantedBy", "multi-user.target")]
 
 
+@pytest.mark.e2e
 def test_units_pass_systemd_analyze_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:  # macOS and minimal images have none; the unit files are still parsed and checked above
@@ -253,6 +257,7 @@ def test_the_containerfile_installs_requirements_and_runs_as_a_user_of_its_own()
     assert {".venv", ".git", "var", ".env"} <= set(ignored)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(procfile()))
 def test_the_containerfiles_entrypoint_starts_each_procfile_process(name):
     steps = dict(instructions())

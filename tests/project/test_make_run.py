@@ -21,13 +21,14 @@ import pytest
 import requests
 from psycopg import sql
 
-from tests.support.procs import REPO_ROOT, free_port
-from tests.operators.test_cli import ctrl_c_as_a_terminal
-from tests.jobs.test_reports import report_body
+from tests.support import redis_server
+from tests.support.procs import REPO_ROOT, free_port, per_worker
+from tests.support.commands import ctrl_c_as_a_terminal
+from tests.support.reports import report_body
 
 pytestmark = pytest.mark.e2e
-BROKER_URL = "redis://127.0.0.1:6379/14"  # no other test uses it
-DATABASE = "payonce_make_run"
+BROKER_URL = redis_server.url(14)  # no other test uses it
+DATABASE = per_worker("payonce_make_run")
 UP = "==> payonce is up: every process answers."
 
 

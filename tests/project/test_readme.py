@@ -111,6 +111,8 @@ def test_the_readme_quickstart_runs_against_a_real_stack(web_stack, web_worker, 
     assert sum(charge["model"] == "video-keyed" for charge in charges) == 3
 
 
+@pytest.mark.e2e
+@pytest.mark.xdist_group("typescript-dist")  # npm run build: see tests/clients/test_typescript_client.py
 def test_the_first_job_in_each_client_library_runs_against_a_real_stack(web_stack, web_worker, ledger, tmp_path):
     """Every ```python and ```ts block of the README runs as a reader would run it (Python with the suite's
     venv, where clients/python is installed; TypeScript as an ES module on the machine's Node.js, importing

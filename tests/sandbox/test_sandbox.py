@@ -19,6 +19,8 @@ import requests
 from tests.support.procs import free_port
 from tests.support.sandbox import SandboxProcess
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def sandbox():

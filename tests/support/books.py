@@ -53,3 +53,7 @@ def assert_books_balance(ledger) -> list[dict]:
     total = sum((Decimal(c["amount_usd"]) for c in charges), Decimal(0))
     assert total == Decimal(book["total_usd"]), (total, book["total_usd"])
     return charges
+
+
+def charges_for(ledger, job_id: str) -> list[dict]:
+    return [c for c in ledger.ledger()["charges"] if c["metadata"].get("payonce_job") == job_id]

@@ -5,6 +5,7 @@ names it, else the first of chromium, chromium-browser, google-chrome (and Chrom
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -29,6 +30,25 @@ def executable() -> str:
     named = os.environ.get("CHROMIUM")
     assert found, f"CHROMIUM={named} is not a file" if named else HOW
     return found
+
+
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def chromium():
+    """Debian's chromium under playwright. Used after the test's database work: playwright's sync API
+    runs an event loop in this thread, and Django keeps the database away from async contexts."""
+    from playwright.sync_api import sync_playwright
+
+    found = executable()  # fails saying how to get one when there is none
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=found, args=FLAGS, headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def per_worker(name: str) -> str:
+    """`name` made the xdist worker's own (payonce_make_run_gw1) when the suite runs in parallel, as
+    pytest-django names each worker's test database (test_payonce_gw1); `name` itself when run serially."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{name}_{worker}" if worker else name
+
+
 def procfile_command(name: str) -> str:
     for line in (REPO_ROOT / "Procfile").read_text().splitlines():
         if line.startswith(f"{name}:"):

@@ -10,6 +10,7 @@ import requests
 from jobs.models import Job
 from jobs.services import client_create
 from tests.conftest import WEBHOOK_TEST_ENV
+from tests.support import redis_server
 from tests.support.procs import Stack
 from tests.support.webhook_receiver import Answer, WebhookReceiver
 from webhooks.models import Delivery
@@ -20,7 +21,7 @@ JOBS = 20
 
 @pytest.fixture
 def stack(transactional_db, ledger):  # stopped before the database is flushed
-    processes = Stack("redis://127.0.0.1:6379/9", webhooks=True, **WEBHOOK_TEST_ENV)
+    processes = Stack(redis_server.url(9), webhooks=True, **WEBHOOK_TEST_ENV)
     try:
         yield processes.start()
     finally:
