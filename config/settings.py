@@ -297,8 +297,8 @@ PROVIDER_CALLBACK_BASE_URL = env_str("PROVIDER_CALLBACK_BASE_URL", PUBLIC_BASE_U
 # Unset (or empty): the sandbox's own development default (sandbox/callbacks.py DEFAULT_SECRET), so the two
 # agree. Written out here rather than imported: the executor reads it from settings and imports nothing of the
 # sandbox; tests/project/test_architecture.py holds the two equal.
-SANDBOX_CALLBACK_SECRET = (env_str("SANDBOX_CALLBACK_SECRET", "")
-                           or "whsec_c2FuZGJveC1jYWxsYmFjay1zZWNyZXQtZm9yLWRldmVsb3BtZW50")
+SANDBOX_DEFAULT_CALLBACK_SECRET = "whsec_c2FuZGJveC1jYWxsYmFjay1zZWNyZXQtZm9yLWRldmVsb3BtZW50"
+SANDBOX_CALLBACK_SECRET = env_str("SANDBOX_CALLBACK_SECRET", "") or SANDBOX_DEFAULT_CALLBACK_SECRET
 # The largest output the sandbox renders (sandbox/catalog.py MAX_SIZE_BYTES): the bound of its media models'
 # size_bytes parameter (executor.registry). A copy of the sandbox's constant, as the secret above.
 SANDBOX_MAX_SIZE_BYTES = 50 * 1024 * 1024
