@@ -266,3 +266,13 @@ def concurrently(*calls):
     if errors:
         raise errors[0]
     return results
+
+
+@pytest.fixture
+def engine(db, sandbox):
+    """The job engine in this process (tests/support/engine.py): the engine's messages go to a queue the
+    test runs with the tasks' own bodies, instead of to a worker process."""
+    from tests.support.engine import Engine
+
+    with Engine().installed() as engine:
+        yield engine
