@@ -18,7 +18,7 @@ from django.test import override_settings
 from jobs.models import Report
 from jobs.reports import link_token
 from jobs.services import client_create
-from tests.support.drive import media_job
+from tests.support.engine import media_job
 from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, process_env
 
 pytestmark = pytest.mark.django_db(transaction=True)

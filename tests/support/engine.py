@@ -21,13 +21,16 @@ once): those tests start real processes (tests/e2e, tests/chaos).
 
 import heapq
 import itertools
+import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from celery import signature
 from celery._state import _task_stack
+from django.utils import timezone
 
 from config.celery import app
 from jobs import chain, runner, tasks
@@ -69,8 +72,10 @@ class Engine:
         self.queue: list[Message] = []
         self.ran: list[Ran] = []
         self._seq = itertools.count()
-        self._current: Message | None = None
-        self._outcome = None
+        # Threads of a test may each run their own job at once (run(job=...)): the queue is shared, the
+        # message being run is each thread's own.
+        self._lock = threading.Lock()
+        self._local = threading.local()
         self._roots: dict[tuple[str, int], str] = {}
 
     # --- the broker ------------------------------------------------------------------------------------
@@ -82,7 +87,7 @@ class Engine:
         if name not in ENGINE_TASKS:
             return self._send_task(name, args, kwargs, countdown=countdown, eta=eta, task_id=task_id,
                                    root_id=root_id, parent_id=parent_id, chain=chain, **options)
-        parent = self._current
+        parent = getattr(self._local, "current", None)
         if parent is not None:
             parent_id = parent_id or parent.id
             root_id = root_id or parent.root_id or parent.id
@@ -90,9 +95,10 @@ class Engine:
         due = time.monotonic() + (countdown or 0)
         if eta is not None:
             due = time.monotonic() + max(0.0, eta.timestamp() - time.time())
-        heapq.heappush(self.queue, Message(due, next(self._seq), name, tuple(args or ()), dict(kwargs or {}),
-                                           task_id, root_id or task_id, parent_id, list(chain) if chain else None,
-                                           retries or 0))
+        with self._lock:
+            heapq.heappush(self.queue, Message(due, next(self._seq), name, tuple(args or ()), dict(kwargs or {}),
+                                               task_id, root_id or task_id, parent_id,
+                                               list(chain) if chain else None, retries or 0))
         return app.AsyncResult(task_id)
 
     @contextmanager
@@ -109,7 +115,7 @@ class Engine:
             del self._send_task
 
     def _follow(self, task, outcome, job_id, run):
-        self._outcome = outcome
+        self._local.outcome = outcome
         return self._real_follow(task, outcome, job_id, run)
 
     _real_follow = staticmethod(tasks._follow)
@@ -125,7 +131,7 @@ class Engine:
                           delivery_info={"exchange": "", "routing_key": "jobs", "priority": None},
                           hostname="engine@tests")
         _task_stack.push(task)
-        self._current, self._outcome = message, None
+        self._local.current, self._local.outcome = message, None
         try:
             task.run(*message.args, **message.kwargs)
             links = task.request.chain
@@ -133,8 +139,8 @@ class Engine:
                 signature(links.pop(), app=app).apply_async(chain=links or None, parent_id=message.id,
                                                             root_id=message.root_id)
         finally:
-            self.ran.append(Ran(message, self._outcome))
-            self._current = None
+            self.ran.append(Ran(message, self._local.outcome))
+            self._local.current = None
             _task_stack.pop()
             task.pop_request()
 
@@ -146,15 +152,17 @@ class Engine:
         start = len(self.ran)
         while True:
             if until is not None and until():
-                return self.ran[start:]
-            mine = [m for m in self.queue if (job is None or m.job_id == str(job)) and (only is None or only(m))]
-            if not mine:
+                return [ran for ran in self.ran[start:] if job is None or ran.message.job_id == str(job)]
+            with self._lock:
+                mine = [m for m in self.queue if (job is None or m.job_id == str(job)) and (only is None or only(m))]
+                message = min(mine) if mine else None
+                if message is not None:
+                    self.queue.remove(message)
+                    heapq.heapify(self.queue)
+            if message is None:
                 if until is not None:
                     raise AssertionError(f"nothing left to run, and the condition does not hold: {self.ran[-3:]}")
-                return self.ran[start:]
-            message = min(mine)
-            self.queue.remove(message)
-            heapq.heapify(self.queue)
+                return [ran for ran in self.ran[start:] if job is None or ran.message.job_id == str(job)]
             wait = message.due - time.monotonic()
             if time.monotonic() + max(wait, 0) > deadline:
                 raise AssertionError(f"the engine did not settle within {timeout} s: {self.ran[-3:]}")
@@ -191,3 +199,15 @@ class Engine:
         root = self._roots.setdefault((str(job.id), job.run), str(uuid.uuid4()))
         result = app.send_task(chain.RUN_STAGE, (str(job.id), job.run, stage), root_id=root)
         return [ran.outcome for ran in self.run(only=lambda message: message.id == result.id, timeout=timeout)]
+
+
+def media_job(client_id, *, models=("sandbox/video-keyed",), input=None, policy=None, output_key=None) -> Job:
+    """A media job's row as POST /v1/jobs writes it, not enqueued: the test runs it (Engine.run_job, or
+    Engine.stage one stage at a time)."""
+    job_id = uuid.uuid4()
+    return Job.objects.create(
+        id=job_id, client_id=client_id, idempotency_key=f"k-{job_id}", request_hash="0" * 64, kind="media",
+        model_chain=list(models), input=input or {"prompt": "a lighthouse at dusk", "render_s": 0},
+        policy=policy or {"attempts_per_model": 3, "fallback_on": []},
+        output_key=output_key or f"outputs/{job_id}/output.bin", metadata={},
+        lease_until=timezone.now() + timedelta(minutes=10))
