@@ -27,7 +27,7 @@ from tests.support.books import assert_books_balance
 from tests.support.engine import media_job
 from tests.support.procs import ProcfileProcess
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def disable(*names: str) -> None:

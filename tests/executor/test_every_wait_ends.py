@@ -19,6 +19,7 @@ from jobs.models import Job
 from operators.metrics import REGISTRY
 from tests.support.engine import media_job
 
+# Committed: the metrics read ages with SQL now(), which inside one transaction stays at its start.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FLUX = "replicate/black-forest-labs/flux-schnell"
