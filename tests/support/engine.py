@@ -190,14 +190,15 @@ class Engine:
         assert row.status in ENDED, f"job {job_id} is {row.status} and nothing of it is queued: {self.ran[-3:]}"
         return row
 
-    def stage(self, job: Job, stage: str, *, timeout: float = 60.0) -> list:
+    def stage(self, job: Job, stage: str, *, timeout: float = 60.0, task_id: str | None = None) -> list:
         """Run one stage of the job as a lone message (no chain after it), sent again after each back-off
         or poll (Later) until it settles, as a test steps through a run; the runner's outcomes, in order.
-        What else the stage sends (a fan-out, the rest of the run) stays queued."""
+        What else the stage sends (a fan-out, the rest of the run) stays queued. `task_id`: the message's
+        id (the lease owner), else a new one (a redelivery is a new message)."""
         # Each call is the next link of one chain of the job's (one root id): a polling lease claimed by
         # one stage is the chain's, and the link that runs the waiting stage takes it back.
         root = self._roots.setdefault((str(job.id), job.run), str(uuid.uuid4()))
-        result = app.send_task(chain.RUN_STAGE, (str(job.id), job.run, stage), root_id=root)
+        result = app.send_task(chain.RUN_STAGE, (str(job.id), job.run, stage), root_id=root, task_id=task_id)
         return [ran.outcome for ran in self.run(only=lambda message: message.id == result.id, timeout=timeout)]
 
 
