@@ -38,18 +38,6 @@ def wait_ended(api, job_id: str, timeout: float = 60.0, run: int | None = None) 
         time.sleep(0.1)
 
 
-@pytest.fixture
-def mail_to(settings):
-    """Send this process's mail to an SMTP server (as a worker started with its EMAIL_URL would)."""
-    from config.env import email_from_url
-
-    def point(server) -> None:
-        for name, value in email_from_url(server.url).items():
-            setattr(settings, name, value)
-
-    return point
-
-
 def llm_calls(ledger) -> list[dict]:
     return [c for c in ledger.calls() if c["kind"] == "submit" and c.get("model") == "llm"]
 
