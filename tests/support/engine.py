@@ -3,9 +3,10 @@ in-process driver of the suite (docs/testing.md, "The pyramid").
 
 `Engine` stands in for the broker and for one worker thread, and for nothing else:
 
-- every message the code sends to the engine's tasks (`jobs.run_stage`, `jobs.run_substep`,
-  `jobs.stop_upstream`: the API's create, retry and cancel, a provider's wake, and what the tasks send
-  themselves) goes to a queue of the engine's instead of the broker; any other task goes out as before;
+- every message for a task the `worker` process runs (the `jobs` queue: `jobs.run_stage`,
+  `jobs.run_substep`, `jobs.stop_upstream` from the API's create, retry and cancel, a provider's wake and
+  the tasks themselves; an order's duplicate mail) goes to a queue of the engine's instead of the broker;
+  a task of another process's queue (`webhooks.*`) goes out as before;
 - a message is run by the task's own body (jobs.tasks) under a Celery request with the message's id,
   root id, chain and retries, so the task's own `_follow` turns the runner's outcome into messages (the
   next link, the same task again after a back-off, a fan-out's group, a new chain), and the chain's
@@ -28,16 +29,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from fnmatch import fnmatch
+
 from celery import signature
 from celery._state import _task_stack
+from celery.exceptions import Retry
+from django.conf import settings
 from django.utils import timezone
 
 from config.celery import app
 from jobs import chain, runner, tasks
 from jobs.models import Job, JobStatus
 
-ENGINE_TASKS = (chain.RUN_STAGE, chain.RUN_SUBSTEP, chain.STOP_UPSTREAM)
 ENDED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.WAITING})
+
+
+def worker_runs(name: str) -> bool:
+    """Whether the `worker` process runs this task: every task not routed to another queue
+    (CELERY_TASK_ROUTES sends `webhooks.*` to the webhooks process)."""
+    return not any(fnmatch(name, pattern) for pattern in settings.CELERY_TASK_ROUTES)
 
 
 @dataclass(order=True)
@@ -55,7 +65,8 @@ class Message:
 
     @property
     def job_id(self) -> str:
-        return str(self.args[0])
+        """The first argument: the job's id for the engine's tasks (another task's own id otherwise)."""
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class Engine:
                   parent_id=None, chain=None, retries=0, **options):
         """What Celery's send_task does with a message, into the engine's queue: a message sent while a
         task runs inherits its root id and parent (celery.app.base.Celery.send_task)."""
-        if name not in ENGINE_TASKS:
+        if not worker_runs(name):
             return self._send_task(name, args, kwargs, countdown=countdown, eta=eta, task_id=task_id,
                                    root_id=root_id, parent_id=parent_id, chain=chain, **options)
         parent = getattr(self._local, "current", None)
@@ -104,6 +115,7 @@ class Engine:
     @contextmanager
     def installed(self):
         """Send the engine's tasks here for the duration (the `engine` fixture)."""
+        app.loader.import_default_modules()  # every app's tasks module, as a worker imports them at start
         self._send_task = app.send_task
         app.send_task = self.send_task
         saved_follow, tasks._follow = tasks._follow, self._follow
@@ -133,7 +145,10 @@ class Engine:
         _task_stack.push(task)
         self._local.current, self._local.outcome = message, None
         try:
-            task.run(*message.args, **message.kwargs)
+            try:
+                task.run(*message.args, **message.kwargs)
+            except Retry:  # the task sent itself again (Task.retry), as a worker acks the message
+                return
             links = task.request.chain
             if links:  # the task returned with its chain left: the tracer sends the next link
                 signature(links.pop(), app=app).apply_async(chain=links or None, parent_id=message.id,
