@@ -27,7 +27,9 @@ from jobs.workflow import RECIPES, Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Under rollback: the reservation rules need no second connection (the intent's guard lets the test case's
+# own block pass, executor.record.intend); the tests of many processes are test_budget_concurrency's.
+pytestmark = pytest.mark.django_db
 D = Decimal
 
 
@@ -234,6 +236,9 @@ def test_the_counters_stay_conservative_until_a_fold_moves_each_reservation_once
     assert (raw.spent, raw.reserved) == (D("0.10"), D("0"))
 
 
+# Committed: the statement that loses on the constraint aborts the transaction it runs in, which under
+# rollback is the test's own; the intent runs in autocommit, where it aborts nothing but itself.
+@pytest.mark.django_db(transaction=True)
 def test_an_intent_that_loses_its_race_leaves_no_reservation(ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client)
