@@ -281,7 +281,7 @@ def test_a_models_file_changed_wrong_at_run_time_keeps_the_last_good_one_and_say
     assert registry.model_spec(SCHNELL) is None and rates.worst_case(KEYED) == D("0.400000")
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_jobs_run_on_while_a_wrong_models_file_is_refused(engine, models_file, api, ledger, settings):
     # The repro: one negative price written into the running file left every new job `running` with no
     # attempt (a ValueError at each reservation). Now the file is refused and the last good one stays.
