@@ -159,10 +159,12 @@ class Engine:
             _task_stack.pop()
             task.pop_request()
 
-    def run(self, until=None, *, timeout: float = 60.0, job=None, only=None) -> list[Ran]:
+    def run(self, until=None, *, timeout: float = 60.0, job=None, only=None, pauses: bool | None = None) -> list[Ran]:
         """Run the queued messages, and those they send, in the order they are due, until the queue is
         empty or `until()` holds (checked before each message). `job` runs that job's messages alone,
-        and `only(message)` those it accepts, leaving the others queued. Every message run, in order."""
+        and `only(message)` those it accepts, leaving the others queued; `pauses` overrides the engine's
+        own for this call. Every message run, in order."""
+        pauses = self.pauses if pauses is None else pauses
         deadline = time.monotonic() + timeout
         start = len(self.ran)
         while True:
@@ -179,9 +181,9 @@ class Engine:
                     raise AssertionError(f"nothing left to run, and the condition does not hold: {self.ran[-3:]}")
                 return [ran for ran in self.ran[start:] if job is None or ran.message.job_id == str(job)]
             wait = message.due - time.monotonic()
-            if time.monotonic() + max(wait, 0) > deadline:
+            if pauses and time.monotonic() + max(wait, 0) > deadline:
                 raise AssertionError(f"the engine did not settle within {timeout} s: {self.ran[-3:]}")
-            if wait > 0 and self.pauses:
+            if wait > 0 and pauses:
                 time.sleep(wait)
             self._run(message)
 
@@ -193,14 +195,14 @@ class Engine:
             from_stage = runner.resume_point(job) or 0
         chain.start_run(job.id, job.run, job.kind, from_stage)
 
-    def run_job(self, job, *, timeout: float = 60.0) -> Job:
+    def run_job(self, job, *, timeout: float = 60.0, pauses: bool | None = None) -> Job:
         """Run a job until it ends (succeeded, failed, cancelled, or waiting for a person) and nothing of it
         is left queued; started here if nothing of it is queued yet. The row as it ended."""
         job_id = getattr(job, "id", job)
         row = Job.objects.get(id=job_id)
         if not any(m.job_id == str(job_id) for m in self.queue) and row.status not in ENDED:
             self.start(row)
-        self.run(job=job_id, timeout=timeout)
+        self.run(job=job_id, timeout=timeout, pauses=pauses)
         row.refresh_from_db()
         assert row.status in ENDED, f"job {job_id} is {row.status} and nothing of it is queued: {self.ran[-3:]}"
         return row
