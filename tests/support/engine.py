@@ -40,6 +40,7 @@ from django.utils import timezone
 from config.celery import app
 from jobs import chain, runner, tasks
 from jobs.models import Job, JobStatus
+from tests.support.http_api import HttpApi
 
 ENDED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.WAITING})
 
@@ -229,3 +230,17 @@ def media_job(client_id, *, models=("sandbox/video-keyed",), input=None, policy=
         policy=policy or {"attempts_per_model": 3, "fallback_on": []},
         output_key=output_key or f"outputs/{job_id}/output.bin", metadata={},
         lease_until=timezone.now() + timedelta(minutes=10))
+
+
+class EngineHttpApi(HttpApi):
+    """A client of the real `web` process (tests/support/http_api.py) whose jobs the in-process engine runs:
+    the web process answers, and `wait` runs the job here first (the message the web process sent its own
+    broker is left to the purge of the next worker that serves it)."""
+
+    def __init__(self, base_url: str, credentials: dict, engine: Engine):
+        super().__init__(base_url, credentials)
+        self.engine = engine
+
+    def wait(self, job_id: str, *args, **kwargs) -> dict:
+        self.engine.run_job(job_id)
+        return super().wait(job_id, *args, **kwargs)
