@@ -23,7 +23,6 @@ from executor import cancel, record, render
 from executor.models import Attempt, AttemptState
 from executor.providers.base import Submission
 from executor.record import Money
-from jobs import runner
 from jobs.models import Job, Step
 from jobs.outcomes import Continue, Done, Later, StepRetry, Stop
 from jobs.steps import StepContext, step_end_failed

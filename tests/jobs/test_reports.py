@@ -28,16 +28,6 @@ def report_body(chapters=CHAPTERS, **overrides) -> dict:
     return body
 
 
-def wait_ended(api, job_id: str, timeout: float = 60.0, run: int | None = None) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = api.job(job_id)
-        if job["status"] in ("succeeded", "failed", "cancelled", "waiting") and (run is None or job["run"] == run):
-            return job
-        assert time.monotonic() < deadline, f"report {job_id} still {job['status']}: {job.get('chapters')}"
-        time.sleep(0.1)
-
-
 def llm_calls(ledger) -> list[dict]:
     return [c for c in ledger.calls() if c["kind"] == "submit" and c.get("model") == "llm"]
 
