@@ -20,7 +20,6 @@ What the engine cannot show is a process boundary (a worker killed mid-step, a l
 once): those tests start real processes (tests/e2e, tests/chaos).
 """
 
-import heapq
 import itertools
 import threading
 import time
@@ -28,7 +27,6 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-
 from fnmatch import fnmatch
 
 from celery import signature
@@ -108,9 +106,8 @@ class Engine:
         if eta is not None:
             due = time.monotonic() + max(0.0, eta.timestamp() - time.time())
         with self._lock:
-            heapq.heappush(self.queue, Message(due, next(self._seq), name, tuple(args or ()), dict(kwargs or {}),
-                                               task_id, root_id or task_id, parent_id,
-                                               list(chain) if chain else None, retries or 0))
+            self.queue.append(Message(due, next(self._seq), name, tuple(args or ()), dict(kwargs or {}), task_id,
+                                      root_id or task_id, parent_id, list(chain) if chain else None, retries or 0))
         return app.AsyncResult(task_id)
 
     @contextmanager
@@ -173,19 +170,17 @@ class Engine:
                 return [ran for ran in self.ran[start:] if job is None or ran.message.job_id == str(job)]
             with self._lock:
                 mine = [m for m in self.queue if (job is None or m.job_id == str(job)) and (only is None or only(m))]
-                message = min(mine) if mine else None
+                message = min(mine) if mine else None  # the first due, and of those the first sent
                 if message is not None:
                     self.queue.remove(message)
-                    heapq.heapify(self.queue)
             if message is None:
                 if until is not None:
                     raise AssertionError(f"nothing left to run, and the condition does not hold: {self.ran[-3:]}")
                 return [ran for ran in self.ran[start:] if job is None or ran.message.job_id == str(job)]
-            wait = message.due - time.monotonic()
-            if pauses and time.monotonic() + max(wait, 0) > deadline:
+            wait = max(message.due - time.monotonic(), 0) if pauses else 0
+            if time.monotonic() + wait > deadline:
                 raise AssertionError(f"the engine did not settle within {timeout} s: {self.ran[-3:]}")
-            if wait > 0 and pauses:
-                time.sleep(wait)
+            time.sleep(wait)
             self._run(message)
 
     # --- what a test asks ------------------------------------------------------------------------------
@@ -201,7 +196,9 @@ class Engine:
         is left queued; started here if nothing of it is queued yet. The row as it ended."""
         job_id = getattr(job, "id", job)
         row = Job.objects.get(id=job_id)
-        if not any(m.job_id == str(job_id) for m in self.queue) and row.status not in ENDED:
+        with self._lock:
+            queued = any(m.job_id == str(job_id) for m in self.queue)
+        if not queued and row.status not in ENDED:
             self.start(row)
         self.run(job=job_id, timeout=timeout, pauses=pauses)
         row.refresh_from_db()
