@@ -108,6 +108,21 @@ def test_the_intent_refuses_to_run_inside_an_outer_transaction(api, ledger):
     assert Attempt.objects.filter(job=job).count() == 0 and ledger.calls() == []
 
 
+@pytest.mark.django_db  # under rollback: the block pytest-django's TestCase opened around the test
+def test_the_intent_runs_under_a_test_cases_own_block_and_still_refuses_one_opened_inside_it(api, ledger):
+    # Like Django's durable check, the guard does not count the test case's own block (so the money paths
+    # are tested under rollback), and any block opened inside it still counts.
+    job = new_job(api)
+    with pytest.raises(RuntimeError, match="not inside a transaction"), transaction.atomic():
+        render.intend(job, "sandbox/video-keyed")
+    assert Attempt.objects.filter(job=job).count() == 0
+
+    attempt = render.intend(job, "sandbox/video-keyed")
+
+    assert (attempt.number, attempt.state, attempt.sends) == (1, "submitting", 1)
+    assert ledger.calls() == []  # the intent only: nothing was sent
+
+
 def test_the_intent_is_committed_when_the_provider_receives_the_call(api, ledger):
     job = new_job(api)
     ledger.faults([{"model": "video-keyed", "action": "delay", "seconds": 2}])  # hold the call at the provider
