@@ -193,11 +193,12 @@ class Engine:
 
     def run_job(self, job, *, timeout: float = 60.0, pauses: bool | None = None) -> Job:
         """Run a job until it ends (succeeded, failed, cancelled, or waiting for a person) and nothing of it
-        is left queued; started here if nothing of it is queued yet. The row as it ended."""
+        is left queued; started here if nothing of its current run is queued yet (a message of a run since
+        replaced only stops, as the runner says). The row as it ended."""
         job_id = getattr(job, "id", job)
         row = Job.objects.get(id=job_id)
         with self._lock:
-            queued = any(m.job_id == str(job_id) for m in self.queue)
+            queued = any(m.job_id == str(job_id) and m.args[1:2] == (row.run,) for m in self.queue)
         if not queued and row.status not in ENDED:
             self.start(row)
         self.run(job=job_id, timeout=timeout, pauses=pauses)
