@@ -97,6 +97,19 @@ def mailbox(smtp_server):
 
 
 @pytest.fixture
+def mail_to(settings):
+    """Send this process's mail to an SMTP server of the suite's (`mail_to(mailbox)`), as a worker started
+    with that server's EMAIL_URL does: for the engine run in process (tests/support/engine.py)."""
+    from config.env import email_from_url
+
+    def point(server) -> None:
+        for name, value in email_from_url(server.url).items():
+            setattr(settings, name, value)
+
+    return point
+
+
+@pytest.fixture
 def report_worker(transactional_db, sandbox, mailbox):
     """A `worker` whose report mail goes to the suite's SMTP server (see the note on workers above)."""
     from django.conf import settings
@@ -279,3 +292,13 @@ def concurrently(*calls):
     if errors:
         raise errors[0]
     return results
+
+
+@pytest.fixture
+def engine(db, sandbox):
+    """The job engine in this process (tests/support/engine.py): the engine's messages go to a queue the
+    test runs with the tasks' own bodies, instead of to a worker process."""
+    from tests.support.engine import Engine
+
+    with Engine().installed() as engine:
+        yield engine

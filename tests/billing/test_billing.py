@@ -24,12 +24,14 @@ from executor.providers.anthropic import adapter as anthropic
 from executor.providers.sandbox.adapter import SandboxProvider
 from jobs import runner
 from jobs.models import Job
-from jobs.outcomes import Done, FanOut, JobFailure, Later, Resume, StepRetry, Stop
+from jobs.outcomes import Done, FanOut, JobFailure, Resume, StepRetry, Stop
 from jobs.workflow import RECIPES, Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Under rollback: the reservation rules need no second connection (the intent's guard lets the test case's
+# own block pass, executor.record.intend); the tests of many processes are test_budget_concurrency's.
+pytestmark = pytest.mark.django_db
 D = Decimal
 
 
@@ -236,6 +238,9 @@ def test_the_counters_stay_conservative_until_a_fold_moves_each_reservation_once
     assert (raw.spent, raw.reserved) == (D("0.10"), D("0"))
 
 
+# Committed: the statement that loses on the constraint aborts the transaction it runs in, which under
+# rollback is the test's own; the intent runs in autocommit, where it aborts nothing but itself.
+@pytest.mark.django_db(transaction=True)
 def test_an_intent_that_loses_its_race_leaves_no_reservation(ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client)
@@ -249,30 +254,15 @@ def test_an_intent_that_loses_its_race_leaves_no_reservation(ledger, db):
 # --- through the executor: what each outcome does to the reservation ------------------------------------------
 
 
-def run_media(job):
-    """The prepare, wait and finish stages of a media job, driven in-process until they settle."""
-    for stage in ("prepare", "wait", "finish"):
-        for _ in range(200):
-            outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain="c")
-            if not isinstance(outcome, Later):
-                break
-            import time
-
-            time.sleep(min(outcome.countdown, 0.3))
-        if isinstance(outcome, Stop):
-            return outcome
-    return outcome
-
-
 def reservations(job) -> list[tuple]:
     return list(Reservation.objects.filter(job=job).order_by("key").values_list("state", "amount", "spent", "unpriced"))
 
 
-def test_a_keyed_resend_after_a_lost_answer_reserves_once_and_settles_the_quote(ledger, db):
+def test_a_keyed_resend_after_a_lost_answer_reserves_once_and_settles_the_quote(engine, ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client, input={"prompt": "resent", "render_s": 0})
     ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}])
-    run_media(job)
+    engine.run_job(job)
     job.refresh_from_db()
     assert job.status == "succeeded"
     assert reservations(job) == [("settled", D("0.40"), D("0.40"), False)]
@@ -280,11 +270,11 @@ def test_a_keyed_resend_after_a_lost_answer_reserves_once_and_settles_the_quote(
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_503_declared_unpaid_releases_its_reservation_and_the_next_attempt_settles(ledger, db):
+def test_a_503_declared_unpaid_releases_its_reservation_and_the_next_attempt_settles(engine, ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client, input={"prompt": "refused then paid", "render_s": 0})
     ledger.faults([{"model": "video-keyed", "action": "status_503"}])
-    run_media(job)
+    engine.run_job(job)
     job.refresh_from_db()
     assert job.status == "succeeded"
     assert reservations(job) == [("released", D("0.40"), None, False), ("settled", D("0.40"), D("0.40"), False)]
@@ -292,23 +282,25 @@ def test_a_503_declared_unpaid_releases_its_reservation_and_the_next_attempt_set
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_422_refusal_releases(ledger, db):
+def test_a_422_refusal_releases(engine, ledger, db):
     client = client_with_cap("1.00")
     job = job_of(client, input={"prompt": "refused", "render_s": 0})
     ledger.faults([{"model": "video-keyed", "action": "status_422"}])
-    assert run_media(job) == Stop("failed: INVALID_INPUT")
+    job = engine.run_job(job)
+    assert (job.status, job.error["code"]) == ("failed", "INVALID_INPUT")
     assert reservations(job) == [("released", D("0.40"), None, False)]
     assert (month_row(client).spent, month_row(client).reserved) == (D("0"), D("0"))
     assert assert_books_balance(ledger) == []
 
 
-def test_a_blind_uncertain_attempt_keeps_its_reservation_until_a_person_decides(ledger, db):
+def test_a_blind_uncertain_attempt_keeps_its_reservation_until_a_person_decides(engine, ledger, db):
     from jobs.services import job_retry
 
     client = client_with_cap("1.00")
     job = job_of(client, models=["sandbox/image-blind"], input={"prompt": "lost", "render_s": 0})
     ledger.faults([{"model": "image-blind", "action": "accept_then_drop"}])
-    assert run_media(job) == Stop("held: UNCERTAIN_SUBMIT")
+    job = engine.run_job(job)
+    assert (job.status, job.error["code"]) == ("waiting", "UNCERTAIN_SUBMIT")
     assert reservations(job) == [("held", D("0.04"), None, True)]  # held, and counted unpriced meanwhile
     assert month_row(client).reserved == D("0.04")
     job.refresh_from_db()
@@ -459,10 +451,10 @@ def test_create_client_takes_a_cap(db, capsys):
 # --- the admin ---------------------------------------------------------------------------------------------
 
 
-def test_the_admin_shows_spend_per_client_month_the_rate_card_and_each_attempts_cost(admin_client, ledger, db):
+def test_the_admin_shows_spend_per_client_month_the_rate_card_and_each_attempts_cost(engine, admin_client, ledger, db):
     client = client_with_cap("3.00")
     job = job_of(client, input={"prompt": "priced", "render_s": 0})
-    run_media(job)
+    engine.run_job(job)
     # The rate card's override is edited on the model's own admin page (the Models page).
     added = admin_client.post("/admin/executor/modelconfig/add/", {
         "name": "openai/gpt-4.1-mini", "enabled": "on", "price_override": "on", "input_per_mtok_usd": "0.5",

@@ -25,7 +25,7 @@ from operators.metrics import REGISTRY
 from operators.models import OperatorAction
 from prometheus_client.exposition import generate_latest
 from tests.support.books import assert_books_balance
-from tests.support.drive import media_job, run_media
+from tests.support.engine import media_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,20 +48,20 @@ def spent(client: Client) -> D:
     return month_totals(BudgetMonth.objects.filter(client=client).first())[0]
 
 
-def renders(client: Client, n: int) -> list:
+def renders(engine, client: Client, n: int) -> list:
     jobs = [media_job(client.id, input={"prompt": f"render {i}", "render_s": 0}) for i in range(n)]
     for job in jobs:
-        run_media(job)
+        engine.run_job(job)
         job.refresh_from_db()
     return jobs
 
 
-def test_a_wrong_price_drifts_once_and_the_cap_holds_after_it(ledger, fresh_catalog, caplog):
+def test_a_wrong_price_drifts_once_and_the_cap_holds_after_it(engine, ledger, fresh_catalog, caplog):
     priced(per_unit_usd=D("0.01"), unit="render")  # the card says $0.01; the provider charges $0.40
     client = capped("1.00")
 
     with caplog.at_level(logging.ERROR, logger="billing.services"):
-        jobs = renders(client, 6)
+        jobs = renders(engine, client, 6)
 
     # The first render reserved $0.01 and settled $0.40: the drift. The next ones reserved $0.40 each, and
     # the third found no room: spent $0.80, under the $1 cap (without the floor: 6 x $0.40 = $2.40).
@@ -77,11 +77,11 @@ def test_a_wrong_price_drifts_once_and_the_cap_holds_after_it(ledger, fresh_cata
     assert sum(D(c["amount_usd"]) for c in assert_books_balance(ledger)) == D("0.80")
 
 
-def test_a_model_wrongly_free_drifts_and_is_then_reserved_at_what_it_costs(ledger, fresh_catalog):
+def test_a_model_wrongly_free_drifts_and_is_then_reserved_at_what_it_costs(engine, ledger, fresh_catalog):
     priced(free=True)  # what `"free": "false"` used to mean (the string is refused now: tests/executor/test_catalog.py)
     client = capped("2.00")
 
-    jobs = renders(client, 10)
+    jobs = renders(engine, client, 10)
 
     assert sum(job.status == "succeeded" for job in jobs) == 5  # $0 reserved once, then $0.40 each: 5 fit
     assert spent(client) == D("2.000000")
@@ -89,7 +89,7 @@ def test_a_model_wrongly_free_drifts_and_is_then_reserved_at_what_it_costs(ledge
     assert sum(D(c["amount_usd"]) for c in assert_books_balance(ledger)) == D("2.00")
 
 
-def test_the_overshoot_is_at_most_what_was_in_flight_when_the_drift_was_first_seen(ledger, fresh_catalog):
+def test_the_overshoot_is_at_most_what_was_in_flight_when_the_drift_was_first_seen(engine, ledger, fresh_catalog):
     # Five renders go out at once under a $0.01 price (all five reservations fit a $1 cap), then ten more
     # after them. Spend may pass the cap only by what those five overshoot their reservations.
     priced(per_unit_usd=D("0.01"), unit="render")
@@ -100,7 +100,7 @@ def test_the_overshoot_is_at_most_what_was_in_flight_when_the_drift_was_first_se
     def out(job):
         try:
             barrier.wait()
-            run_media(job)
+            engine.run_job(job)
         finally:
             connections.close_all()
 
@@ -109,7 +109,7 @@ def test_the_overshoot_is_at_most_what_was_in_flight_when_the_drift_was_first_se
         thread.start()
     for thread in threads:
         thread.join()
-    renders(client, 10)
+    renders(engine, client, 10)
 
     in_flight = len(first)
     margin = in_flight * (QUOTE - D("0.01"))
@@ -119,20 +119,20 @@ def test_the_overshoot_is_at_most_what_was_in_flight_when_the_drift_was_first_se
     assert sum(D(c["amount_usd"]) for c in assert_books_balance(ledger)) == spent(client)
 
 
-def test_a_price_lowered_mid_run_raises_no_cap_above_the_floor(ledger, fresh_catalog):
+def test_a_price_lowered_mid_run_raises_no_cap_above_the_floor(engine, ledger, fresh_catalog):
     client = capped("2.00")
-    renders(client, 2)  # at the card's $0.40
+    renders(engine, client, 2)  # at the card's $0.40
     priced(per_unit_usd=D("0.05"), unit="render")  # lowered (wrongly) while work goes on
-    jobs = renders(client, 10)
+    jobs = renders(engine, client, 10)
 
     assert spent(client) <= client.monthly_cap_usd + QUOTE - D("0.05")  # one in flight at the first drift
     assert sum(job.status == "succeeded" for job in jobs) == 3
     assert sum(D(c["amount_usd"]) for c in assert_books_balance(ledger)) == spent(client)
 
 
-def test_a_drift_is_on_the_metrics_and_the_models_page_and_an_operator_clears_it(ledger, fresh_catalog, admin_client):
+def test_a_drift_is_on_the_metrics_and_the_models_page_and_an_operator_clears_it(engine, ledger, fresh_catalog, admin_client):
     priced(per_unit_usd=D("0.01"), unit="render")
-    renders(capped("5.00"), 1)
+    renders(engine, capped("5.00"), 1)
 
     scraped = generate_latest(REGISTRY).decode()
     assert 'payonce_price_drift_highest_cost_usd{model="sandbox/video-keyed"} 0.4' in scraped

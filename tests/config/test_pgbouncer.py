@@ -24,7 +24,7 @@ from django.db import connection
 
 from jobs.services import client_create
 from tests.support.commands import run_django
-from tests.support.drive import media_job
+from tests.support.engine import media_job
 from tests.support.procs import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

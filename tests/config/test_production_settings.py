@@ -16,7 +16,7 @@ from jobs.models import Report
 from jobs.reports import link_token
 from jobs.services import client_create
 from tests.support.commands import run_django
-from tests.support.drive import media_job
+from tests.support.engine import media_job
 from tests.support.procs import ProcfileProcess, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -19,7 +19,7 @@ from executor.registry import PAYONCE_INPUT_KEYS
 from tests.conftest import media_body
 from tests.support.waiting import wait_for
 from tests.support.books import assert_books_balance
-from tests.support.drive import media_job, run_media
+from tests.support.engine import media_job
 from tests.support.procs import REPO_ROOT, process_env
 
 SCHNELL = "fal/fal-ai/flux/schnell"  # a fal model the code does not name
@@ -282,8 +282,8 @@ def test_a_models_file_changed_wrong_at_run_time_keeps_the_last_good_one_and_say
     assert registry.model_spec(SCHNELL) is None and rates.worst_case(KEYED) == D("0.400000")
 
 
-@pytest.mark.django_db(transaction=True)
-def test_jobs_run_on_while_a_wrong_models_file_is_refused(models_file, api, ledger, settings):
+@pytest.mark.django_db
+def test_jobs_run_on_while_a_wrong_models_file_is_refused(engine, models_file, api, ledger, settings):
     # The repro: one negative price written into the running file left every new job `running` with no
     # attempt (a ValueError at each reservation). Now the file is refused and the last good one stays.
     settings.MODELS_CACHE_S = 0
@@ -295,7 +295,7 @@ def test_jobs_run_on_while_a_wrong_models_file_is_refused(models_file, api, ledg
     rates.forget_overrides()
 
     job = media_job(api.client_id)
-    run_media(job)
+    engine.run_job(job)
     job.refresh_from_db()
     assert job.status == "succeeded", job.error
     assert len(assert_books_balance(ledger)) == 1

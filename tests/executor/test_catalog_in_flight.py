@@ -19,15 +19,15 @@ from executor.llm import llm_call
 from executor.models import Attempt, AttemptState, ModelConfig
 from jobs import runner
 from jobs.models import Job
-from jobs.outcomes import JobFailure, Later, Stop
+from jobs.outcomes import JobFailure, Later
 from jobs.services import job_cancel
 from tests.conftest import media_body, purge_queue
 from tests.support.waiting import wait_for
 from tests.support.books import assert_books_balance
-from tests.support.drive import drive, media_job, run_media
+from tests.support.engine import media_job
 from tests.support.procs import ProcfileProcess
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def disable(*names: str) -> None:
@@ -43,16 +43,16 @@ def money(job) -> list[tuple]:
 
 
 def test_a_render_out_when_its_model_is_disabled_is_waited_on_and_settled_as_it_went_out(
-        api, ledger, fresh_catalog):
+        engine, api, ledger, fresh_catalog):
     job = media_job(api.client_id, input={"prompt": "out", "render_s": 1})
-    drive(job, "prepare")
+    engine.stage(job, "prepare")
     [attempt] = Attempt.objects.filter(job=job)
     assert attempt.state == AttemptState.RUNNING
     assert attempt.spec["capabilities"]["idempotency_key"] is True and attempt.spec["kind"] == "video"
 
     disable("sandbox/video-keyed")
-    drive(job, "wait")
-    drive(job, "finish")
+    engine.stage(job, "wait")
+    engine.stage(job, "finish")
 
     job.refresh_from_db()
     assert job.status == "succeeded", job.error
@@ -62,9 +62,9 @@ def test_a_render_out_when_its_model_is_disabled_is_waited_on_and_settled_as_it_
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_cancel_of_a_render_whose_model_was_disabled_stops_it_upstream_and_settles_it(api, ledger, fresh_catalog):
+def test_a_cancel_of_a_render_whose_model_was_disabled_stops_it_upstream_and_settles_it(engine, api, ledger, fresh_catalog):
     job = media_job(api.client_id, input={"prompt": "cancel me", "render_s": 30})
-    drive(job, "prepare")
+    engine.stage(job, "prepare")
     disable("sandbox/video-keyed")
 
     assert job_cancel(job=job)
@@ -77,30 +77,31 @@ def test_a_cancel_of_a_render_whose_model_was_disabled_stops_it_upstream_and_set
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_an_unknown_outcome_on_a_disabled_model_is_resolved_by_its_key_and_paid_once(api, ledger, fresh_catalog):
+def test_an_unknown_outcome_on_a_disabled_model_is_resolved_by_its_key_and_paid_once(engine, api, ledger, fresh_catalog):
     # The first send's answer is lost after the sandbox charged it; then the model is disabled. The attempt
     # is already out: its key goes out again (as it went out: keyed), and the provider returns the same work.
     ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}])
     job = media_job(api.client_id, input={"prompt": "lost answer", "render_s": 0})
-    first_pass = runner.run_stage(job_id=job.id, run=job.run, stage="prepare", owner="t", chain="c")
-    assert isinstance(first_pass, Later), first_pass  # the same key goes out again, after a back-off
+    engine.start(job)
+    [first_pass] = engine.run(until=lambda: Attempt.objects.filter(job=job).exists())
+    assert isinstance(first_pass.outcome, Later), first_pass  # the same key goes out again, after a back-off
     [attempt] = Attempt.objects.filter(job=job)
     assert (attempt.state, attempt.sends) == (AttemptState.SUBMITTING, 1)
     disable("sandbox/video-keyed")
 
-    run_media(job)
+    engine.run_job(job)
     job.refresh_from_db()
     assert job.status == "succeeded", job.error
     assert [a.number for a in Attempt.objects.filter(job=job)] == [1]
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_queued_job_whose_model_was_disabled_falls_back_without_paying_it(api, ledger, fresh_catalog):
+def test_a_queued_job_whose_model_was_disabled_falls_back_without_paying_it(engine, api, ledger, fresh_catalog):
     job = media_job(api.client_id, models=("sandbox/video-keyed", "sandbox/image-lookup"),
                     policy={"attempts_per_model": 3, "fallback_on": ["unavailable"]})
     disable("sandbox/video-keyed")
 
-    run_media(job)
+    engine.run_job(job)
 
     job.refresh_from_db()
     assert job.status == "succeeded", job.error
@@ -111,12 +112,12 @@ def test_a_queued_job_whose_model_was_disabled_falls_back_without_paying_it(api,
     assert [c["model"] for c in assert_books_balance(ledger)] == ["image-lookup"]
 
 
-def test_a_queued_job_whose_only_model_was_disabled_fails_unavailable_with_nothing_paid(api, ledger, fresh_catalog):
+def test_a_queued_job_whose_only_model_was_disabled_fails_unavailable_with_nothing_paid(engine, api, ledger, fresh_catalog):
     job = media_job(api.client_id)
     disable("sandbox/video-keyed")
 
-    assert run_media(job) == Stop("failed: PROVIDER_UNAVAILABLE")
-    job.refresh_from_db()
+    job = engine.run_job(job)
+    assert (job.status, job.error["code"]) == ("failed", "PROVIDER_UNAVAILABLE")
     assert "disabled or no longer in the catalog" in job.error["message"]
     assert not Reservation.objects.filter(job_id=job.id).exists() and ledger.calls() == []
 
@@ -131,7 +132,7 @@ def test_an_llm_call_on_a_disabled_model_fails_unavailable_and_reserves_nothing(
     assert not Reservation.objects.filter(job_id=job.id).exists() and ledger.calls() == []
 
 
-def test_the_cancel_sweep_skips_an_attempt_it_cannot_end_and_ends_the_others(make_api, ledger, fresh_catalog,
+def test_the_cancel_sweep_skips_an_attempt_it_cannot_end_and_ends_the_others(engine, make_api, ledger, fresh_catalog,
                                                                             caplog):
     # Two clients' renders out, both jobs cancelled with nothing yet stopping them (the stop_upstream
     # message lost). The first attempt's row cannot be read by the code (its spec is not one); the sweep
@@ -139,7 +140,7 @@ def test_the_cancel_sweep_skips_an_attempt_it_cannot_end_and_ends_the_others(mak
     broken, fine = (media_job(make_api(name).client_id, input={"prompt": name, "render_s": 30})
                     for name in ("first", "second"))
     for job in (broken, fine):
-        drive(job, "prepare")
+        engine.stage(job, "prepare")
         assert job_cancel(job=job)
     Attempt.objects.filter(job=broken).update(spec={"provider": "sandbox"})
     assert Attempt.objects.filter(job=broken).first().id < Attempt.objects.filter(job=fine).first().id

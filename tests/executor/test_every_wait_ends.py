@@ -17,8 +17,9 @@ from billing.models import Reservation
 from executor.models import Attempt, AttemptState
 from jobs.models import Job
 from operators.metrics import REGISTRY
-from tests.support.drive import drive, media_job
+from tests.support.engine import media_job
 
+# Committed: the metrics read ages with SQL now(), which inside one transaction stays at its start.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FLUX = "replicate/black-forest-labs/flux-schnell"
@@ -54,7 +55,7 @@ def gauge(name: str) -> float:
 
 
 def test_a_lookup_provider_that_never_answers_holds_the_job_for_a_person_within_the_bound(
-        settings, silent_provider, api, ledger, fresh_catalog):
+        engine, settings, silent_provider, api, ledger, fresh_catalog):
     settings.REAL_PROVIDERS = True
     settings.REPLICATE_API_TOKEN = "r8_test_token"
     settings.REPLICATE_BASE_URL = silent_provider
@@ -64,7 +65,7 @@ def test_a_lookup_provider_that_never_answers_holds_the_job_for_a_person_within_
     job = media_job(api.client_id, models=(FLUX, "sandbox/image-lookup"), input={"prompt": "never answered"},
                     policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]})
 
-    outcomes = drive(job, "prepare", timeout=20)
+    outcomes = engine.stage(job, "prepare", timeout=20)
 
     job.refresh_from_db()
     assert (job.status, job.error["code"]) == ("waiting", "UNCERTAIN_SUBMIT"), outcomes[-3:]
@@ -79,7 +80,7 @@ def test_a_lookup_provider_that_never_answers_holds_the_job_for_a_person_within_
 
 
 def test_a_keyed_provider_that_never_answers_holds_the_job_for_a_person_within_the_bound(
-        settings, api, ledger, fresh_catalog):
+        engine, settings, api, ledger, fresh_catalog):
     # The sandbox remembers keys for ever, so only the bound ends it: every send of the key is held by the
     # provider for longer than payonce waits for an answer.
     settings.PROVIDER_READ_TIMEOUT_S = 0.3
@@ -89,7 +90,7 @@ def test_a_keyed_provider_that_never_answers_holds_the_job_for_a_person_within_t
     job = media_job(api.client_id, models=("sandbox/video-keyed", "sandbox/image-lookup"),
                     policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable"]})
 
-    drive(job, "prepare", timeout=20)
+    engine.stage(job, "prepare", timeout=20)
 
     job.refresh_from_db()
     assert (job.status, job.error["code"]) == ("waiting", "UNCERTAIN_SUBMIT")

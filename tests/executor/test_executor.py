@@ -1,5 +1,7 @@
-"""The executor against the sandbox over HTTP, with the worker as the Procfile starts it: where money is
-spent. Every test reads the sandbox's ledger and checks that the books balance."""
+"""The executor against the sandbox over HTTP, the job engine run in this process as a worker runs it
+(tests/support/engine.py): where money is spent. Every test reads the sandbox's ledger and checks that the
+books balance. Under rollback: no second connection has to see a commit (the intent's guard lets the test
+case's own block pass, executor.record.intend)."""
 
 import base64
 import uuid
@@ -7,7 +9,6 @@ from datetime import datetime, timedelta
 
 import pytest
 import requests
-from django.conf import settings
 from django.utils import timezone
 
 from executor.models import Attempt
@@ -15,13 +16,11 @@ from executor.store import client_store
 from jobs import runner
 from jobs.models import Job, Step
 from jobs.outcomes import Stop
-from jobs.tasks import start_run
 from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
-from tests.support.waiting import wait_for, wait_until
 from webhooks.models import Delivery
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -40,22 +39,33 @@ def attempts(job_id) -> list[Attempt]:
     return list(Attempt.objects.filter(job_id=job_id).order_by("number"))
 
 
-def run_job(api, ledger, body, key="x"):
+def run_job(api, engine, body, key="x"):
+    """Create the job through the API and run it in process until it ends; the API's answer for it."""
     response = api.create(body, key=key)
     assert response.status_code == 201, response.content
-    job, _ = wait_for(api, response.json()["id"], ENDED)
-    return job
+    engine.run_job(response.json()["id"])
+    return api.job(response.json()["id"])
+
+
+def run_again(api, engine, job_id: str, *, run: int) -> dict:
+    """A person's retry through the API, run in process until the new run ends."""
+    retried = api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers())
+    assert retried.status_code == 202, retried.content
+    engine.run_job(job_id)
+    done = api.job(job_id)
+    assert done["run"] == run and done["status"] in ENDED, done
+    return done
 
 
 # --- unknown outcomes: resolved by what the provider can do ---------------------------------------------
 
 
 def test_a_503_the_provider_declares_unpaid_ends_the_attempt_and_the_next_goes_out_under_key_2(
-        jobs_worker, ledger, api):
+        engine, ledger, api):
     # The sandbox answers every status_* fault before accepting anything: a definite "no", a try, and the
     # next attempt under a new key (nothing was paid, so nothing is paid twice).
     ledger.faults([{"model": "video-keyed", "action": "status_503"}])
-    job = run_job(api, ledger, media_body())
+    job = run_job(api, engine, media_body())
 
     assert job["status"] == "succeeded", job
     sent = submits(ledger, job["id"])
@@ -66,13 +76,13 @@ def test_a_503_the_provider_declares_unpaid_ends_the_attempt_and_the_next_goes_o
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_keyed_model_answering_503_to_every_send_falls_back_after_attempts_per_model_tries(jobs_worker, ledger, api):
+def test_a_keyed_model_answering_503_to_every_send_falls_back_after_attempts_per_model_tries(engine, ledger, api):
     # Issue 21, finding 2: a keyed provider that is down held every job for an hour, resending the same
     # key, with a fallback model in the chain. Every send answered 503 is unpaid: the chain moves on.
     ledger.faults([{"model": "video-keyed", "action": "status_503", "times": 50}])
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert job["status"] == "succeeded", job
     assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [
@@ -84,7 +94,7 @@ def test_a_keyed_model_answering_503_to_every_send_falls_back_after_attempts_per
         ("image-lookup", f"payonce-{job['id']}-4")]
 
 
-def test_an_unanswered_send_pins_the_key_so_later_503s_never_fall_back(jobs_worker, ledger, api):
+def test_an_unanswered_send_pins_the_key_so_later_503s_never_fall_back(engine, ledger, api):
     # The first send was accepted (charged) and its answer lost: whatever the resends of that key are told
     # speaks for the resend only. The key keeps going out; the fallback model, which would paid for the
     # same work a second time, is never called.
@@ -92,7 +102,7 @@ def test_an_unanswered_send_pins_the_key_so_later_503s_never_fall_back(jobs_work
                    {"model": "video-keyed", "action": "status_503", "times": 3}])
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert job["status"] == "succeeded", job
     assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [
@@ -104,9 +114,9 @@ def test_an_unanswered_send_pins_the_key_so_later_503s_never_fall_back(jobs_work
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_accept_then_drop_on_a_keyed_model_pays_once_and_succeeds(jobs_worker, ledger, api):
+def test_accept_then_drop_on_a_keyed_model_pays_once_and_succeeds(engine, ledger, api):
     ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}])
-    job = run_job(api, ledger, media_body())
+    job = run_job(api, engine, media_body())
 
     assert job["status"] == "succeeded", job
     assert [c["request_id"] for c in submits(ledger, job["id"])] == [f"payonce-{job['id']}-1"] * 2
@@ -114,7 +124,7 @@ def test_accept_then_drop_on_a_keyed_model_pays_once_and_succeeds(jobs_worker, l
     assert job["attempts"][0]["cost_usd"] == "0.400000" and job["cost"]["total_usd"] == "0.400000"
 
 
-def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_paid_once(jobs_worker, ledger, api):
+def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_paid_once(engine, ledger, api):
     # Found by the storm (tests/chaos): both sends of the key were accepted (charged) and their answers
     # lost. The attempt was given up `failed` with no cost after attempts_per_model sends, its reservation
     # released, and the ledger held a charge payonce did not know of; with a second model in the chain
@@ -122,7 +132,7 @@ def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_pai
     ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": 3}])
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert job["status"] == "succeeded", job
     assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", "succeeded")]
@@ -130,27 +140,22 @@ def test_a_keyed_attempt_is_resent_under_its_key_past_attempts_per_model_and_pai
     assert len(assert_books_balance(ledger)) == 1
 
 
-def keyed_answers_lost(api, ledger, *, times: int, **worker_env) -> dict:
+def keyed_answers_lost(api, ledger, engine, settings, *, times: int, **overrides) -> dict:
     """A keyed job with a fallback model whose first `times` sends are accepted and their answers lost,
-    run on a worker of its own (with `worker_env`, and resends at most a second apart)."""
-    from tests.conftest import purge_queue
-    from tests.support.procs import ProcfileProcess
-
-    purge_queue(settings.CELERY_BROKER_URL, "jobs")
-    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 8, "RETRY_BACKOFF_MAX_S": 1, **worker_env}).start()
-    try:
-        ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": times}])
-        body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
-                          policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
-        return run_job(api, ledger, body)
-    finally:
-        worker.stop()
+    run with the settings `overrides` (and resends at most a second apart)."""
+    settings.RETRY_BACKOFF_MAX_S = 1
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+    ledger.faults([{"model": "video-keyed", "action": "accept_then_drop", "times": times}])
+    body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+                      policy={"attempts_per_model": 2, "fallback_on": ["exhausted", "unavailable"]})
+    return run_job(api, engine, body)
 
 
-def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_still_resent_and_paid_once(transactional_db, ledger, api):
+def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_still_resent_and_paid_once(engine, ledger, api, settings):
     # WAIT_DEADLINE_S bounds the wait for an accepted render; it is not a key's lifetime. The sandbox
     # remembers keys for ever, so the key goes out until it is answered.
-    job = keyed_answers_lost(api, ledger, times=5, WAIT_DEADLINE_S=2)
+    job = keyed_answers_lost(api, ledger, engine, settings, times=5, WAIT_DEADLINE_S=2)
 
     assert job["status"] == "succeeded", job
     first = Attempt.objects.get(job_id=job["id"], number=1)
@@ -160,11 +165,12 @@ def test_a_keyed_attempt_unanswered_past_the_wait_deadline_is_still_resent_and_p
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_keyed_attempt_unanswered_past_its_keys_lifetime_is_uncertain_and_held(transactional_db, ledger, api):
+def test_a_keyed_attempt_unanswered_past_its_keys_lifetime_is_uncertain_and_held(engine, ledger, api, fresh_catalog):
     # Past key_ttl_s the provider may have forgotten the key: a resend could make (and bill) the render
     # again. Not failed (the money may be spent), not the next model (that would pay twice): a person.
     from billing.models import Reservation
-    job = keyed_answers_lost(api, ledger, times=50, SANDBOX_KEY_TTL_S=3)
+    # The key's lifetime is the sandbox model's capability (executor.registry), read afresh (fresh_catalog).
+    job = keyed_answers_lost(api, ledger, engine, fresh_catalog, times=50, SANDBOX_KEY_TTL_S=3)
 
     assert (job["status"], job["error"]["code"]) == ("waiting", "UNCERTAIN_SUBMIT"), job
     assert [(a["number"], a["model"], a["state"], a["paid"]) for a in job["attempts"]] == [
@@ -178,9 +184,9 @@ def test_a_keyed_attempt_unanswered_past_its_keys_lifetime_is_uncertain_and_held
     assert Reservation.objects.get(key=f"payonce-{job['id']}-1").state == "held"  # the money is not released
 
 
-def test_accept_then_drop_on_a_lookup_model_is_reconciled_without_a_second_submit(jobs_worker, ledger, api):
+def test_accept_then_drop_on_a_lookup_model_is_reconciled_without_a_second_submit(engine, ledger, api):
     ledger.faults([{"model": "image-lookup", "action": "accept_then_drop"}])
-    job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
+    job = run_job(api, engine, media_body(models=["sandbox/image-lookup"]))
 
     assert job["status"] == "succeeded", job
     assert len(submits(ledger, job["id"])) == 1  # no second submit: the lookup found it
@@ -189,9 +195,9 @@ def test_accept_then_drop_on_a_lookup_model_is_reconciled_without_a_second_submi
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_accept_then_drop_on_a_blind_model_holds_for_a_person_and_retry_pays_under_key_2(jobs_worker, ledger, api):
+def test_accept_then_drop_on_a_blind_model_holds_for_a_person_and_retry_pays_under_key_2(engine, ledger, api):
     ledger.faults([{"model": "image-blind", "action": "accept_then_drop"}])
-    job = run_job(api, ledger, media_body(models=["sandbox/image-blind"]))
+    job = run_job(api, engine, media_body(models=["sandbox/image-blind"]))
 
     assert job["status"] == "waiting", job
     assert job["error"]["code"] == "UNCERTAIN_SUBMIT"
@@ -202,20 +208,18 @@ def test_accept_then_drop_on_a_blind_model_holds_for_a_person_and_retry_pays_und
     assert len(assert_books_balance(ledger)) == 1
     assert len(submits(ledger, job["id"])) == 1  # held: nothing was sent again
 
-    retried = api.http.post(f"/v1/jobs/{job['id']}/retry", headers=api.headers())
-    assert retried.status_code == 202
-    done = wait_until(lambda: (j := api.job(job["id"]))["status"] == "succeeded" and j, message="run 2 succeeded")
+    done = run_again(api, engine, job["id"], run=2)
 
-    assert done["run"] == 2
+    assert done["status"] == "succeeded", done
     assert [c["request_id"] for c in submits(ledger, job["id"])] == [
         f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
     assert [a["state"] for a in done["attempts"]] == ["uncertain", "succeeded"]
     assert len(assert_books_balance(ledger)) == 2  # a person decided to pay again
 
 
-def test_crash_after_accept_on_a_lookup_model_is_found_and_adopted_with_one_charge(jobs_worker, ledger, api):
+def test_crash_after_accept_on_a_lookup_model_is_found_and_adopted_with_one_charge(engine, ledger, api):
     ledger.faults([{"model": "image-lookup", "action": "crash_after_accept"}])  # charged, then the provider dies
-    job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
+    job = run_job(api, engine, media_body(models=["sandbox/image-lookup"]))
 
     assert job["status"] == "succeeded", job
     assert len(submits(ledger, job["id"])) == 1
@@ -224,9 +228,9 @@ def test_crash_after_accept_on_a_lookup_model_is_found_and_adopted_with_one_char
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_crash_after_accept_on_a_blind_model_waits_for_a_person_with_one_charge(jobs_worker, ledger, api):
+def test_crash_after_accept_on_a_blind_model_waits_for_a_person_with_one_charge(engine, ledger, api):
     ledger.faults([{"model": "image-blind", "action": "crash_after_accept"}])
-    job = run_job(api, ledger, media_body(models=["sandbox/image-blind"]))
+    job = run_job(api, engine, media_body(models=["sandbox/image-blind"]))
     ledger.wait_healthy()  # the job holds at once; the provider is still coming back up
 
     assert job["status"] == "waiting" and job["error"]["code"] == "UNCERTAIN_SUBMIT", job
@@ -235,11 +239,11 @@ def test_crash_after_accept_on_a_blind_model_waits_for_a_person_with_one_charge(
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_503_on_a_lookup_model_is_a_definite_no_and_the_next_attempt_needs_no_lookup(jobs_worker, ledger, api):
+def test_a_503_on_a_lookup_model_is_a_definite_no_and_the_next_attempt_needs_no_lookup(engine, ledger, api):
     # The sandbox declares its 503 unpaid: nothing of that send is on its way or accepted, so there is
     # nothing to look up (a 5xx an adapter does not declare is looked up first: test_money_invariants).
     ledger.faults([{"model": "image-lookup", "action": "status_503"}])
-    job = run_job(api, ledger, media_body(models=["sandbox/image-lookup"]))
+    job = run_job(api, engine, media_body(models=["sandbox/image-lookup"]))
 
     assert job["status"] == "succeeded", job
     assert [c["status"] for c in submits(ledger, job["id"])] == [503, 202]
@@ -251,21 +255,14 @@ def test_a_503_on_a_lookup_model_is_a_definite_no_and_the_next_attempt_needs_no_
 MEDIA_MODELS = ["sandbox/video-keyed", "sandbox/image-lookup", "sandbox/image-blind"]
 
 
-def retry_and_wait(api, job_id: str, run: int) -> dict:
-    retried = api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers())
-    assert retried.status_code == 202, retried.content
-    return wait_until(lambda: (j := api.job(job_id))["run"] == run and j["status"] in ENDED and j,
-                      message=f"run {run} ended")
-
-
 @pytest.mark.parametrize("model", MEDIA_MODELS)
-def test_a_render_paid_then_failed_is_not_paid_again_automatically(jobs_worker, ledger, api, model):
+def test_a_render_paid_then_failed_is_not_paid_again_automatically(engine, ledger, api, model):
     # Issue 21, finding 1: a fail_render was paid up to 3 times by the attempt runner, and a person's retry
     # paid 3 more. A paid failure ends the run: only a person (or policy.paid_retries) pays again.
     ledger.faults([{"model": model.split("/")[1], "action": "fail_render", "message": "the render crashed", "times": 5}])
     body = media_body(models=[model, *[m for m in MEDIA_MODELS if m != model]],
                       policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert (job["status"], job["error"]["code"]) == ("failed", "PAID_ATTEMPT_FAILED"), job
     [attempt] = job["attempts"]
@@ -275,32 +272,32 @@ def test_a_render_paid_then_failed_is_not_paid_again_automatically(jobs_worker, 
     assert "the render crashed" in job["error"]["message"] and job["error"]["provider_error"] == attempt["error"]
     assert len(assert_books_balance(ledger)) == 1  # one charge, on the record with its cost
 
-    done = retry_and_wait(api, job["id"], run=2)  # a person's decision: exactly one more charge
+    done = run_again(api, engine, job["id"], run=2)  # a person's decision: exactly one more charge
     assert (done["status"], done["error"]["code"]) == ("failed", "PAID_ATTEMPT_FAILED")
     charges = assert_books_balance(ledger)
     assert [c["metadata"]["upstream_key"] for c in charges] == [f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
 
 
 @pytest.mark.parametrize("model", MEDIA_MODELS)
-def test_paid_retries_allows_one_more_paid_attempt_in_the_run_and_no_more(jobs_worker, ledger, api, model):
+def test_paid_retries_allows_one_more_paid_attempt_in_the_run_and_no_more(engine, ledger, api, model):
     ledger.faults([{"model": model.split("/")[1], "action": "fail_render", "message": "the render crashed", "times": 2}])
     body = media_body(models=[model], policy={"attempts_per_model": 3, "fallback_on": [], "paid_retries": 1})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert (job["status"], job["error"]["code"]) == ("failed", "PAID_ATTEMPT_FAILED"), job
     assert [(a["number"], a["state"], a["paid"]) for a in job["attempts"]] == [(1, "failed", "yes"), (2, "failed", "yes")]
     assert job["error"]["attempt"] == 2
     assert len(assert_books_balance(ledger)) == 2  # at most two charges in the run
 
-    done = retry_and_wait(api, job["id"], run=2)  # a person's retry: exactly one more, which renders
+    done = run_again(api, engine, job["id"], run=2)  # a person's retry: exactly one more, which renders
     assert done["status"] == "succeeded", done
     charges = assert_books_balance(ledger)
     assert [c["metadata"]["payonce_attempt"] for c in charges] == [1, 2, 3]
 
 
-def test_a_paid_retry_goes_to_the_same_model_and_succeeds_with_both_renders_on_the_record(jobs_worker, ledger, api):
+def test_a_paid_retry_goes_to_the_same_model_and_succeeds_with_both_renders_on_the_record(engine, ledger, api):
     ledger.faults([{"model": "video-keyed", "action": "fail_render", "message": "the render crashed"}])
-    job = run_job(api, ledger, media_body(policy={"attempts_per_model": 3, "fallback_on": [], "paid_retries": 1}))
+    job = run_job(api, engine, media_body(policy={"attempts_per_model": 3, "fallback_on": [], "paid_retries": 1}))
 
     assert job["status"] == "succeeded", job
     first, second = job["attempts"]
@@ -315,28 +312,28 @@ def test_a_paid_retry_goes_to_the_same_model_and_succeeds_with_both_renders_on_t
 # --- definite answers ----------------------------------------------------------------------------------
 
 
-def test_a_422_refusal_fails_with_the_providers_words_and_a_retry_goes_out_as_key_2(jobs_worker, ledger, api):
+def test_a_422_refusal_fails_with_the_providers_words_and_a_retry_goes_out_as_key_2(engine, ledger, api):
     words = "duration_secs must be 8 when reference images are given"
     ledger.faults([{"model": "video-keyed", "action": "status_422", "message": words}])
-    job = run_job(api, ledger, media_body())
+    job = run_job(api, engine, media_body())
 
     assert job["status"] == "failed"
     assert job["error"]["code"] == "INVALID_INPUT" and job["error"]["message"] == words
     assert job["attempts"][0]["error"] == words and job["attempts"][0]["error_class"] == "invalid_input"
     assert ledger.ledger()["charges"] == []
-    assert api.http.post(f"/v1/jobs/{job['id']}/retry", headers=api.headers()).status_code == 202
-    done = wait_until(lambda: (j := api.job(job["id"]))["status"] == "succeeded" and j, message="retry succeeded")
+    done = run_again(api, engine, job["id"], run=2)
+    assert done["status"] == "succeeded", done
     assert [c["request_id"] for c in submits(ledger, job["id"])] == [
         f"payonce-{job['id']}-1", f"payonce-{job['id']}-2"]
     assert [a["number"] for a in done["attempts"]] == [1, 2]
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_fallback_to_the_next_model_after_exhausted_attempts(jobs_worker, ledger, api):
+def test_fallback_to_the_next_model_after_exhausted_attempts(engine, ledger, api):
     ledger.faults([{"model": "video-keyed", "action": "status_429", "times": 3, "seconds": 0.1}])
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       policy={"attempts_per_model": 3, "fallback_on": ["exhausted"]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert job["status"] == "succeeded", job
     assert [(a["number"], a["model"], a["state"], a["error_class"]) for a in job["attempts"]] == [
@@ -349,9 +346,9 @@ def test_fallback_to_the_next_model_after_exhausted_attempts(jobs_worker, ledger
     assert [c["request_id"] for c in charges] == [f"payonce-{job['id']}-4"]  # a 429 is not paid
 
 
-def test_an_auth_error_stops_the_chain_at_once(jobs_worker, ledger, api):
+def test_an_auth_error_stops_the_chain_at_once(engine, ledger, api):
     ledger.faults([{"model": "video-keyed", "action": "status_401"}])
-    job = run_job(api, ledger, media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
+    job = run_job(api, engine, media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                                           policy={"fallback_on": ["exhausted", "unavailable", "refused"]}))
 
     assert job["status"] == "failed" and job["error"]["code"] == "PROVIDER_AUTH"
@@ -360,12 +357,12 @@ def test_an_auth_error_stops_the_chain_at_once(jobs_worker, ledger, api):
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["no-fallback", "fallback"])
-def test_an_expired_window_does_not_retry_the_same_model(jobs_worker, ledger, api, fallback):
+def test_an_expired_window_does_not_retry_the_same_model(engine, ledger, api, fallback):
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       input={"prompt": "a long render", "render_s": 30},
                       policy={"attempts_per_model": 3, "window_s": 1, "paid_retries": 1 if fallback else 0,
                               "fallback_on": ["window_expired"] if fallback else []})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     first = job["attempts"][0]
     assert (first["model"], first["state"], first["error_class"]) == ("video-keyed", "failed", "window_expired")
@@ -400,25 +397,25 @@ def unsent_job(api, **overrides) -> Job:
     )
 
 
-def test_output_already_written_by_this_job_is_success_with_no_provider_call(jobs_worker, ledger, api):
+def test_output_already_written_by_this_job_is_success_with_no_provider_call(engine, ledger, api):
     job = unsent_job(api)
     client_store(job.client_id).put(job.output_key, b"rendered before a crash", content_type="video/mp4",
                     metadata={"written_by": str(job.id), "provider": "sandbox", "model": "video-keyed", "attempt": "1"})
-    start_run(job.id, 1, "media")
-    done, _ = wait_for(api, str(job.id), ENDED)
+    engine.run_job(job)
+    done = api.job(str(job.id))
 
     assert done["status"] == "succeeded"
     assert done["output"]["written_by"] == str(job.id) and done["attempts"] == []
     assert ledger.calls() == [] and ledger.ledger()["charges"] == []
 
 
-def test_output_written_by_another_job_is_a_conflict_with_no_provider_call(jobs_worker, ledger, api):
+def test_output_written_by_another_job_is_a_conflict_with_no_provider_call(engine, ledger, api):
     job = unsent_job(api, output_key=f"renders/{uuid.uuid4()}/shared.mp4")
     other = str(uuid.uuid4())
     client_store(job.client_id).put(job.output_key, b"another job's film", content_type="video/mp4",
                     metadata={"written_by": other, "provider": "sandbox", "model": "video-keyed", "attempt": "1"})
-    start_run(job.id, 1, "media")
-    done, _ = wait_for(api, str(job.id), ENDED)
+    engine.run_job(job)
+    done = api.job(str(job.id))
 
     assert done["status"] == "failed" and done["error"]["code"] == "OUTPUT_KEY_CONFLICT"
     assert ledger.calls() == []
@@ -442,7 +439,7 @@ def test_a_key_the_store_cannot_hold_ends_the_job_upload_failed_before_anything_
 # --- before the submit: pre-submit checks and inputs -------------------------------------------------------
 
 
-def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker, ledger, api):
+def test_references_are_uploaded_to_the_provider_before_every_submit(engine, ledger, api):
     # A 429 (a definite end: a new attempt, which uploads the references again), then a lost answer
     # (unknown outcome: the same key again, so the same request, with the same inputs).
     ledger.faults([{"model": "video-keyed", "action": "status_429", "seconds": 0.1},
@@ -450,7 +447,7 @@ def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker
     png = b"\x89PNG\r\n\x1a\n reference"
     body = media_body(input={"prompt": "in this style", "render_s": 0,
                              "references": [{"data": base64.b64encode(png).decode(), "content_type": "image/png"}]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert job["status"] == "succeeded", job
     calls = [c for c in ledger.calls() if c["kind"] in ("upload", "submit")]
@@ -465,7 +462,7 @@ def test_references_are_uploaded_to_the_provider_before_every_submit(jobs_worker
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_cancel_while_an_upload_waits_to_be_tried_again_releases_the_unsent_attempt(jobs_worker, ledger, api):
+def test_a_cancel_while_an_upload_waits_to_be_tried_again_releases_the_unsent_attempt(engine, ledger, api):
     # Found by the storm (tests/chaos): the upload failed (the send was given back, sends 0), the job was
     # cancelled during the back-off, the chain stopped at the cancel, and the intent stayed `submitting`
     # with its reservation held for good: money the client could never spend again.
@@ -478,10 +475,11 @@ def test_a_cancel_while_an_upload_waits_to_be_tried_again_releases_the_unsent_at
     response = api.create(body, key="cancel-while-uploading")
     assert response.status_code == 201, response.content
     job_id = response.json()["id"]
-    wait_until(lambda: Attempt.objects.filter(job_id=job_id, sends=0, state="submitting").exists(), timeout=20)
+    engine.start(Job.objects.get(id=job_id))
+    engine.run(until=lambda: Attempt.objects.filter(job_id=job_id, sends=0, state="submitting").exists())
     assert api.http.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers()).status_code == 200
 
-    wait_until(lambda: Attempt.objects.get(job_id=job_id).state != "submitting", timeout=20)
+    engine.run_job(job_id)  # the chain's pass after the back-off finds the job cancelled
     [attempt] = attempts(job_id)
     assert (attempt.state, attempt.error_class, attempt.cost_usd) == ("failed", "cancelled", None)
     assert Reservation.objects.get(key=attempt.upstream_key).state == "released"
@@ -509,14 +507,14 @@ def test_a_pre_submit_check_refuses_before_anything_is_spent(ledger, api, settin
     ({"action": "status_422"}, "succeeded", "succeeded"),  # a no that cannot speak for the earlier send
     ({"action": "refuse"}, "succeeded", "succeeded"),
 ])
-def test_a_refused_resend_of_a_key_does_not_end_the_attempt_as_unpaid(jobs_worker, ledger, api, then, status, state):
+def test_a_refused_resend_of_a_key_does_not_end_the_attempt_as_unpaid(engine, ledger, api, then, status, state):
     # Found by the storm (tests/chaos): the first send was accepted (charged) and its answer lost; the
     # resend of the same key was answered 429, and the attempt ended failed, released, while the ledger
     # held its charge.
     ledger.faults([{"model": "video-keyed", "action": "accept_then_drop"}, {"model": "video-keyed", **then}])
     body = media_body(models=["sandbox/video-keyed", "sandbox/image-lookup"],
                       policy={"attempts_per_model": 3, "fallback_on": ["exhausted", "unavailable", "refused"]})
-    job = run_job(api, ledger, body)
+    job = run_job(api, engine, body)
 
     assert job["status"] == status, job
     assert [(a["number"], a["model"], a["state"]) for a in job["attempts"]] == [(1, "video-keyed", state)]

@@ -23,7 +23,6 @@ from executor import cancel, record, render
 from executor.models import Attempt, AttemptState
 from executor.providers.base import Submission
 from executor.record import Money
-from jobs import runner
 from jobs.models import Job, Step
 from jobs.outcomes import Continue, Done, Later, StepRetry, Stop
 from jobs.steps import StepContext, step_end_failed
@@ -109,6 +108,21 @@ def test_the_intent_refuses_to_run_inside_an_outer_transaction(api, ledger):
     assert Attempt.objects.filter(job=job).count() == 0 and ledger.calls() == []
 
 
+@pytest.mark.django_db  # under rollback: the block pytest-django's TestCase opened around the test
+def test_the_intent_runs_under_a_test_cases_own_block_and_still_refuses_one_opened_inside_it(api, ledger):
+    # Like Django's durable check, the guard does not count the test case's own block (so the money paths
+    # are tested under rollback), and any block opened inside it still counts.
+    job = new_job(api)
+    with pytest.raises(RuntimeError, match="not inside a transaction"), transaction.atomic():
+        render.intend(job, "sandbox/video-keyed")
+    assert Attempt.objects.filter(job=job).count() == 0
+
+    attempt = render.intend(job, "sandbox/video-keyed")
+
+    assert (attempt.number, attempt.state, attempt.sends) == (1, "submitting", 1)
+    assert ledger.calls() == []  # the intent only: nothing was sent
+
+
 def test_the_intent_is_committed_when_the_provider_receives_the_call(api, ledger):
     job = new_job(api)
     ledger.faults([{"model": "video-keyed", "action": "delay", "seconds": 2}])  # hold the call at the provider
@@ -188,27 +202,14 @@ def test_a_failure_is_never_written_over_a_step_another_execution_holds_or_finis
 # --- every wait ends ---------------------------------------------------------------------------------------
 
 
-def drive(job, stage: str, chain: str = "chain-1") -> list:
-    """Run a stage as its task would, following Later until it settles; returns every outcome."""
-    outcomes = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain=chain)
-        outcomes.append(outcome)
-        if not isinstance(outcome, Later):
-            return outcomes
-        time.sleep(min(outcome.countdown, 5))
-    raise AssertionError(f"stage {stage} did not settle: {outcomes[-3:]}")
-
-
-def test_a_render_that_never_finishes_ends_at_the_wait_deadline(api, ledger, settings):
+def test_a_render_that_never_finishes_ends_at_the_wait_deadline(engine, api, ledger, settings):
     settings.WAIT_DEADLINE_S = 1.5  # neither the job nor the sandbox sets a window
     job = new_job(api, render_s=600)
     # The first poll would be at the render's expected 600 s; the deadline comes first.
-    first = drive(job, "prepare")[-1]
+    first = engine.stage(job, "prepare")[-1]
     assert isinstance(first, Continue) and first.countdown <= 1.6
 
-    outcomes = drive(job, "wait")
+    outcomes = engine.stage(job, "wait")
 
     assert outcomes[-1] == Stop("failed: WINDOW_EXPIRED")
     job.refresh_from_db()
@@ -220,13 +221,13 @@ def test_a_render_that_never_finishes_ends_at_the_wait_deadline(api, ledger, set
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(api, ledger, settings):
+def test_polls_that_fail_back_off_inside_the_deadline_and_the_wait_still_ends(engine, api, ledger, settings):
     settings.WAIT_DEADLINE_S = 6
     job = new_job(api, render_s=2)
-    assert isinstance(drive(job, "prepare")[-1], Continue)  # the first poll is due at 2 s
+    assert isinstance(engine.stage(job, "prepare")[-1], Continue)  # the first poll is due at 2 s
     ledger.faults([{"model": "video-keyed", "action": "status_503", "on": "poll", "times": 50}])
 
-    outcomes = drive(job, "wait")
+    outcomes = engine.stage(job, "wait")
 
     waits = [o.countdown for o in outcomes if isinstance(o, Later)][1:]  # after the first poll
     assert outcomes[-1] == Stop("failed: WINDOW_EXPIRED")
@@ -249,11 +250,11 @@ def left_out_with_a_502(job, model: str) -> Attempt:
     return attempt
 
 
-def test_an_undeclared_5xx_on_a_lookup_model_is_looked_up_and_sent_again_under_the_same_key(api, ledger):
+def test_an_undeclared_5xx_on_a_lookup_model_is_looked_up_and_sent_again_under_the_same_key(engine, api, ledger):
     job = new_job(api, models=("sandbox/image-lookup",))
     attempt = left_out_with_a_502(job, "sandbox/image-lookup")
 
-    assert drive(job, "prepare")[-1] == Done()  # a render of 0 s: finished in the same pass
+    assert engine.stage(job, "prepare")[-1] == Done()  # a render of 0 s: finished in the same pass
 
     kinds = [c["kind"] for c in ledger.calls() if c["kind"] != "media"]  # "media": the output fetched
     assert kinds == ["lookup", "submit"]  # looked up first: proven absent, then sent (the only send it had)
@@ -263,11 +264,11 @@ def test_an_undeclared_5xx_on_a_lookup_model_is_looked_up_and_sent_again_under_t
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_an_undeclared_5xx_on_a_keyed_model_sends_the_same_key_again(api, ledger):
+def test_an_undeclared_5xx_on_a_keyed_model_sends_the_same_key_again(engine, api, ledger):
     job = new_job(api)
     attempt = left_out_with_a_502(job, "sandbox/video-keyed")
 
-    assert drive(job, "prepare")[-1] == Done()
+    assert engine.stage(job, "prepare")[-1] == Done()
 
     assert [(c["kind"], c["request_id"]) for c in ledger.calls() if c["kind"] != "media"] == [
         ("submit", f"payonce-{job.id}-1")]

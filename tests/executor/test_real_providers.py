@@ -9,9 +9,8 @@ import pytest
 
 from tests.conftest import media_body
 from tests.support.procs import REPO_ROOT, process_env
-from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.e2e
@@ -41,11 +40,11 @@ def test_a_provider_without_its_key_is_refused_at_submit_when_real_providers_are
     assert "no API key" in str(response.json()["error"]["fields"]["models"])
 
 
-@pytest.mark.e2e
-def test_a_replicate_job_runs_on_recorded_fixtures_with_real_providers_off(jobs_worker, ledger, api):
+def test_a_replicate_job_runs_on_recorded_fixtures_with_real_providers_off(engine, ledger, api):
     response = api.create(media_body(models=["replicate/black-forest-labs/flux-schnell"]), key="replay")
     assert response.status_code == 201, response.content
-    job, _ = wait_for(api, response.json()["id"], {"succeeded", "failed", "waiting"})
+    engine.run_job(response.json()["id"])
+    job = api.job(response.json()["id"])
 
     assert job["status"] == "succeeded", job
     [attempt] = job["attempts"]
@@ -56,7 +55,6 @@ def test_a_replicate_job_runs_on_recorded_fixtures_with_real_providers_off(jobs_
     assert ledger.calls() == []  # the sandbox was not involved, and no real provider was reached
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("model, params, content_type, cost", [
     # fal's queue: submitted, polled, the result's image downloaded from fal's media host (recorded).
     ("fal/fal-ai/flux/dev", {"image_size": "landscape_16_9", "num_images": 1}, "image/jpeg", "0.025000"),
@@ -64,11 +62,12 @@ def test_a_replicate_job_runs_on_recorded_fixtures_with_real_providers_off(jobs_
     ("openai-images/gpt-image-1", {"quality": "medium", "size": "1024x1024"}, "image/png", None),
 ])
 def test_a_fal_or_openai_image_job_runs_on_recorded_fixtures_with_real_providers_off(
-        jobs_worker, ledger, api, model, params, content_type, cost):
+        engine, ledger, api, model, params, content_type, cost):
     body = media_body(models=[model], input={"prompt": "a lighthouse at dusk", **params})
     response = api.create(body, key=f"replay-{model}")
     assert response.status_code == 201, response.content
-    job, _ = wait_for(api, response.json()["id"], {"succeeded", "failed", "waiting"})
+    engine.run_job(response.json()["id"])
+    job = api.job(response.json()["id"])
 
     assert job["status"] == "succeeded", job
     [attempt] = job["attempts"]

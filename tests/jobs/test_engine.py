@@ -45,16 +45,6 @@ def new_job(api, **overrides) -> Job:
     )
 
 
-def drive(job: Job, stage: str, owner: str = "test", chain: str = "chain-1", timeout: float = 15.0):
-    """Run a stage like its task would (a task of chain `chain`), following Later until it settles."""
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner=owner, chain=chain)
-        if not isinstance(outcome, Later) or time.monotonic() > deadline:
-            return outcome
-        time.sleep(min(outcome.countdown, 0.2))
-
-
 def steps(job: Job) -> dict[str, Step]:
     return {row.name: row for row in Step.objects.filter(job=job, run=job.run)}
 
@@ -77,11 +67,11 @@ class SubmitRaises:
         return getattr(self.real, name)
 
 
-def test_done_step_is_never_rerun(api, ledger, monkeypatch):
+def test_done_step_is_never_rerun(engine, api, ledger, monkeypatch):
     job = new_job(api, input={"prompt": "a lighthouse", "render_s": 1.5})
     # The prepare stage runs, then the wait stage inline: the render's expected 1.5 s have not passed,
     # so it asks nothing and the chain's next link is sent when the first poll is due.
-    outcome = drive(job, "prepare")
+    outcome = engine.stage(job, "prepare")[-1]
     assert isinstance(outcome, Continue) and 1.0 < outcome.countdown <= 1.5
     before = steps(job)
     assert before["submit"].status == StepStatus.DONE
@@ -89,7 +79,7 @@ def test_done_step_is_never_rerun(api, ledger, monkeypatch):
 
     # Deliver the same stage task again with a provider port that raises if asked to submit.
     monkeypatch.setattr(executor_services, "provider_for", lambda name: SubmitRaises())
-    assert isinstance(drive(job, "prepare", owner="redelivery"), Continue)
+    assert isinstance(engine.stage(job, "prepare", task_id="redelivery")[-1], Continue)
     after = steps(job)
     for name in ("mark_running", "check_output", "submit"):
         assert (after[name].status, after[name].result, after[name].attempts) == (
@@ -97,22 +87,22 @@ def test_done_step_is_never_rerun(api, ledger, monkeypatch):
     monkeypatch.undo()
 
     time.sleep(1.6)
-    assert drive(job, "wait") == Done()  # the poll finds the render done; store and finish run inline
+    assert engine.stage(job, "wait")[-1] == Done()  # the poll finds the render done; store and finish run inline
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
     # Every step is done and the job ended: a late delivery of any stage touches nothing at all.
     monkeypatch.setattr(executor_services, "provider_for", lambda name: RaisingProvider())
     calls = len(ledger.calls())
     for stage in ("prepare", "wait", "finish"):
-        assert drive(job, stage, owner="late") == Stop("job is succeeded")
+        assert engine.stage(job, stage, task_id="late")[-1] == Stop("job is succeeded")
     assert len(ledger.calls()) == calls
     assert len(ledger.ledger()["charges"]) == 1
     assert [c["kind"] for c in ledger.calls()].count("submit") == 1
 
 
-def test_stages_run_inline_until_one_has_to_wait(api, ledger):
+def test_stages_run_inline_until_one_has_to_wait(engine, api, ledger):
     job = new_job(api, input={"prompt": "instant", "render_s": 0})
-    assert drive(job, "prepare") == Done()  # the provider answered the submit finished: no wait message
+    assert engine.stage(job, "prepare")[-1] == Done()  # the provider answered the submit finished: no wait message
     names = [name for name, row in steps(job).items() if row.status == StepStatus.DONE]
     assert sorted(names) == sorted(
         ["mark_running", "check_output", "submit", "wait", "store_output", "finish"])
@@ -144,13 +134,13 @@ def test_two_executions_of_one_step_make_one_provider_call(api, ledger):
     assert min(durations.values()) >= 1.4  # the one that attached waited for the other's result
 
 
-def test_a_step_whose_lease_ran_out_is_taken_over(api, ledger, settings):
+def test_a_step_whose_lease_ran_out_is_taken_over(engine, api, ledger, settings):
     job = new_job(api, input={"prompt": "a lighthouse", "render_s": 0})
     # A worker claimed the submit step and died: its lease is in the past.
     Step.objects.create(job=job, run=1, name="mark_running", status=StepStatus.DONE, result={"started": True})
     Step.objects.create(job=job, run=1, name="submit", status=StepStatus.RUNNING, lease_owner="dead-worker",
                         lease_until=timezone.now() - timedelta(seconds=1))
-    assert drive(job, "prepare", owner="survivor") == Done()
+    assert engine.stage(job, "prepare", task_id="survivor")[-1] == Done()
     row = steps(job)["submit"]
     assert (row.status, row.attempts) == (StepStatus.DONE, 2)
     assert row.lease_owner.startswith("survivor#")
@@ -302,11 +292,11 @@ def test_fan_out_runs_substeps_once_and_resumes_only_the_missing(api, monkeypatc
     assert steps(job)["seal"].result == {"chapters": ["chapter a", "chapter b", "chapter c"]}
 
 
-def test_a_stage_delivered_before_the_stages_it_follows_stops_and_touches_nothing(api, ledger):
+def test_a_stage_delivered_before_the_stages_it_follows_stops_and_touches_nothing(engine, api, ledger):
     job = new_job(api, input={"prompt": "early", "render_s": 1})
     # No chain sends these before the stages before them have ended; one delivered anyway stops.
-    assert drive(job, "finish") == Stop("stage finish waits for step check_output")
-    assert drive(job, "wait") == Stop("stage wait waits for step check_output")
+    assert engine.stage(job, "finish")[-1] == Stop("stage finish waits for step check_output")
+    assert engine.stage(job, "wait")[-1] == Stop("stage wait waits for step check_output")
     assert Step.objects.filter(job=job).count() == 0
     assert ledger.calls() == []
     job.refresh_from_db()

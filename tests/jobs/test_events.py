@@ -13,8 +13,10 @@ import pytest
 import redis
 import requests
 
+from jobs.models import Job
 from jobs.services import client_create
 from tests.conftest import WEB_STACK_ENV
+from tests.support.engine import EngineHttpApi
 from tests.support.http_api import HttpApi
 from tests.support.procs import ProcfileProcess, free_port
 from tests.support.reports import report_body
@@ -62,11 +64,19 @@ def read_frames(url: str, api_key: str, last_event_id: str | bytes | None = None
 
 
 @pytest.fixture
-def alice(web_stack, web_worker):
+def alice(web_stack, engine):
+    """A client of the real web process; the jobs it waits for run on the in-process engine."""
+    return EngineHttpApi(web_stack.url, client_create(name="alice"), engine)
+
+
+@pytest.fixture
+def alice_with_worker(web_stack, web_worker):
+    """A client whose jobs a worker runs while the test reads their stream (the frames follow the run)."""
     return HttpApi(web_stack.url, client_create(name="alice"))
 
 
-def test_frames_follow_a_report_as_its_chapters_finish_and_never_repeat_a_snapshot(alice, ledger):
+def test_frames_follow_a_report_as_its_chapters_finish_and_never_repeat_a_snapshot(alice_with_worker, ledger):
+    alice = alice_with_worker
     chapters = ["one", "two", "three", "four"]
     # The synthesis, then each chapter answered a little later than the one before.
     ledger.faults([{"model": "llm", "action": "delay", "seconds": s} for s in (0.2, 1.0, 2.0, 3.0, 4.0)])
@@ -91,10 +101,11 @@ def test_frames_follow_a_report_as_its_chapters_finish_and_never_repeat_a_snapsh
     assert [int(older[0][0])] == [ids[-1]] and older[0][1] == snapshots[-1]
 
 
-def test_a_stream_of_a_job_still_open_closes_at_its_limit(alice, ledger):
+def test_a_stream_of_a_job_still_open_closes_at_its_limit(alice, ledger, engine):
     job_id = alice.create({"kind": "media", "models": ["sandbox/video-keyed"],
                            "input": {"prompt": "slow", "render_s": 60}}, key="limit").json()["id"]
-    alice.wait(job_id, statuses={"running"}, until=lambda job: job["attempts"])
+    engine.start(Job.objects.get(id=job_id))
+    engine.run(lambda: alice.job(job_id)["attempts"])  # submitted: running, its render out for 60 s
     started = time.monotonic()
     ends = []
     frames, closed = read_frames(f"{alice.base_url}/v1/jobs/{job_id}/events", alice.api_key, ends=ends)
@@ -105,7 +116,8 @@ def test_a_stream_of_a_job_still_open_closes_at_its_limit(alice, ledger):
     assert alice.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
 
 
-def test_a_stream_ends_after_the_terminal_frame_and_at_once_when_the_client_has_it(alice, ledger):
+def test_a_stream_ends_after_the_terminal_frame_and_at_once_when_the_client_has_it(alice_with_worker, ledger):
+    alice = alice_with_worker
     job_id = alice.create({"kind": "media", "models": ["sandbox/video-keyed"],
                            "input": {"prompt": "quick", "render_s": 2}}, key="end").json()["id"]
     url = f"{alice.base_url}/v1/jobs/{job_id}/events"

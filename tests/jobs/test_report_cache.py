@@ -2,8 +2,9 @@
 same prefix (the system prompt, the client's scope line, the subject, the synthesis) marked as a cache
 breakpoint, and the first chapter left goes out alone to write it, so the others read it at a tenth of
 the input price. The prefix is one client's: another client sending the same subject reads nothing the
-first wrote. On real processes: the worker as the Procfile starts it and the sandbox, which caches like
-a provider. The sandbox's ledger stays the ground truth: every derived cost equals its charge."""
+first wrote. The job engine runs in this process as a worker runs it (tests/support/engine.py), against
+the sandbox, which caches like a provider. The sandbox's ledger stays the ground truth: every derived cost
+equals its charge."""
 
 import time
 from decimal import Decimal
@@ -12,15 +13,23 @@ import pytest
 
 from executor.models import Attempt
 from jobs.reports import scope_tag
-from tests.support.reports import CHAPTERS, SUBJECT, llm_calls, report_body, wait_ended
+from tests.support.reports import CHAPTERS, SUBJECT, llm_calls, report_body
 from tests.support.books import assert_books_balance
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db
 
 # Long enough that the subject and the synthesis pass the sandbox's 1,024-token minimum (a token is four
 # characters there): about 1,600 tokens with the synthesis.
 LONG_SUBJECT = {**SUBJECT, "notes": "Ada keeps a garden by the river and reads late into the night. " * 90}
 INPUT, WRITE, READ = Decimal("3"), Decimal("3.75"), Decimal("0.30")  # the sandbox's prices per million
+
+
+def ended(engine, api, job_id: str, run: int | None = None) -> dict:
+    """Run the job in process until it ends; the API's answer for it."""
+    engine.run_job(job_id)
+    job = api.job(job_id)
+    assert run is None or job["run"] == run, job
+    return job
 
 
 def chapter_attempts(job_id, run=None) -> list[Attempt]:
@@ -39,11 +48,12 @@ def marked_block(attempt: Attempt) -> str:
     return marked["text"]
 
 
-def test_an_eight_chapter_report_writes_the_prefix_once_and_reads_it_seven_times(report_worker, ledger, api, mailbox):
+def test_an_eight_chapter_report_writes_the_prefix_once_and_reads_it_seven_times(engine, ledger, api, mailbox, mail_to):
+    mail_to(mailbox)
     created = api.create(report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"}),
                          key="cached-report")
     assert created.status_code == 201, created.content
-    job = wait_ended(api, created.json()["id"])
+    job = ended(engine, api, created.json()["id"])
     assert job["status"] == "succeeded", job
 
     chapters = chapter_attempts(job["id"])
@@ -71,23 +81,24 @@ def test_an_eight_chapter_report_writes_the_prefix_once_and_reads_it_seven_times
     assert len(mailbox.wait_for(1)) == 1
 
 
-def _fail_one_chapter(ledger, api, key: str) -> tuple[str, str]:
+def _fail_one_chapter(engine, ledger, api, key: str) -> tuple[str, str]:
     """A report whose synthesis and lead chapter pass and one chapter after them is refused (a 400: no
     retry): it fails naming that chapter. Returns (job id, the chapter's key)."""
     ledger.faults([{"model": "llm", "action": "delay", "seconds": 0}, {"model": "llm", "action": "delay", "seconds": 0},
                    {"model": "llm", "action": "status_400", "message": "that chapter is not allowed"}])
     job_id = api.create(report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"}),
                         key=key).json()["id"]
-    failed = wait_ended(api, job_id)
+    failed = ended(engine, api, job_id)
     assert failed["status"] == "failed" and failed["error"]["code"] == "CHAPTER_FAILED", failed
     [missing] = failed["error"]["chapters"]
     return job_id, missing
 
 
-def test_a_resume_reads_the_prefix_while_it_is_still_cached(report_worker, ledger, api, mailbox):
-    job_id, missing = _fail_one_chapter(ledger, api, "resume-warm")
+def test_a_resume_reads_the_prefix_while_it_is_still_cached(engine, ledger, api, mailbox, mail_to):
+    mail_to(mailbox)
+    job_id, missing = _fail_one_chapter(engine, ledger, api, "resume-warm")
     assert api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers()).status_code == 202
-    done = wait_ended(api, job_id, run=2)
+    done = ended(engine, api, job_id, run=2)
     assert done["status"] == "succeeded", done
 
     [resumed] = chapter_attempts(job_id, run=2)
@@ -97,12 +108,13 @@ def test_a_resume_reads_the_prefix_while_it_is_still_cached(report_worker, ledge
     assert len(assert_books_balance(ledger)) == 9
 
 
-def test_a_resume_writes_the_prefix_again_once_the_cache_has_expired(report_worker, ledger, api, mailbox):
+def test_a_resume_writes_the_prefix_again_once_the_cache_has_expired(engine, ledger, api, mailbox, mail_to):
+    mail_to(mailbox)
     ledger.cache_ttl(1.0)
-    job_id, missing = _fail_one_chapter(ledger, api, "resume-cold")
+    job_id, missing = _fail_one_chapter(engine, ledger, api, "resume-cold")
     time.sleep(1.5)  # past the cache's lifetime
     assert api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers()).status_code == 202
-    done = wait_ended(api, job_id, run=2)
+    done = ended(engine, api, job_id, run=2)
     assert done["status"] == "succeeded", done
 
     [resumed] = chapter_attempts(job_id, run=2)
@@ -110,8 +122,9 @@ def test_a_resume_writes_the_prefix_again_once_the_cache_has_expired(report_work
     assert len(assert_books_balance(ledger)) == 9
 
 
-def test_a_prefix_under_the_minimum_is_never_cached(report_worker, ledger, api, mailbox):
-    job = wait_ended(api, api.create(report_body(), key="short-prefix").json()["id"])  # a short subject
+def test_a_prefix_under_the_minimum_is_never_cached(engine, ledger, api, mailbox, mail_to):
+    mail_to(mailbox)
+    job = ended(engine, api, api.create(report_body(), key="short-prefix").json()["id"])  # a short subject
     assert job["status"] == "succeeded", job
     chapters = chapter_attempts(job["id"])
     assert len(chapters) == 8 and all(cached(a) == (0, 0) for a in chapters)
@@ -120,18 +133,19 @@ def test_a_prefix_under_the_minimum_is_never_cached(report_worker, ledger, api, 
     assert len(assert_books_balance(ledger)) == 9
 
 
-def test_the_same_subject_from_another_client_reads_nothing_the_first_wrote(report_worker, ledger, make_api, mailbox):
+def test_the_same_subject_from_another_client_reads_nothing_the_first_wrote(engine, ledger, make_api, mailbox, mail_to):
     """Issue 37, finding 6: a provider's cache is per organisation, and payonce is one. Two clients send the
     same (personal) subject, one after the other, well inside the cache's lifetime: the second's chapters
     write a prefix of their own (its usage never shows that someone sent that subject lately, and the
     first never pays for its reads), and each client's chapters still read their own cache."""
+    mail_to(mailbox)
     first, second = make_api("first"), make_api("second")
     body = report_body(input={"subject": LONG_SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"})
     jobs = {}
     for client in (first, second):
         created = client.create(body, key="same-subject")
         assert created.status_code == 201, created.content
-        jobs[client.client_id] = wait_ended(client, created.json()["id"])
+        jobs[client.client_id] = ended(engine, client, created.json()["id"])
         assert jobs[client.client_id]["status"] == "succeeded", jobs[client.client_id]
 
     prefixes = {}

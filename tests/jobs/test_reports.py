@@ -1,5 +1,6 @@
-"""Reports and orders (docs/design.md, "Reports and orders") on real processes: the worker as the Procfile starts it,
-the sandbox's LLM endpoint, and a real SMTP server process. Nothing paid for is paid again."""
+"""Reports and orders (docs/design.md, "Reports and orders"): the job engine run in this process as a worker runs it
+(tests/support/engine.py), the sandbox's LLM endpoint, and a real SMTP server process; a worker killed during the
+fan-out on real processes. Nothing paid for is paid again."""
 
 import re
 import time
@@ -13,19 +14,24 @@ from executor.models import Attempt
 from jobs.models import Job, Report, ReportChapter
 from tests.support.books import assert_books_balance
 from tests.support import redis_server
-from tests.support.reports import CHAPTERS, llm_calls, report_body, wait_ended
+from tests.support.reports import CHAPTERS, llm_calls, report_body
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# Under rollback: the engine runs in this connection, and no other has to see a commit (the worker killed
+# during the fan-out commits, through its fixture's transactional_db).
+pytestmark = pytest.mark.django_db
 
 
 def link_in(mail: dict) -> str:
     return re.search(r"http://\S+/r/\S+", mail["body"]).group(0)
 
 
-def test_an_eight_chapter_report_is_sealed_mailed_and_read_with_nine_calls_paid_once(report_worker, ledger, api, mailbox):
+def test_an_eight_chapter_report_is_sealed_mailed_and_read_with_nine_calls_paid_once(engine, ledger, api, mailbox,
+                                                                                     mail_to):
+    mail_to(mailbox)
     created = api.create(report_body(), key="report-1")
     assert created.status_code == 201, created.content
-    job = wait_ended(api, created.json()["id"])
+    engine.run_job(created.json()["id"])
+    job = api.job(created.json()["id"])
 
     assert job["status"] == "succeeded", job
     assert [c["key"] for c in job["chapters"]] == CHAPTERS
@@ -75,40 +81,6 @@ def report_job(api, chapters=CHAPTERS) -> Job:
         output_key=f"reports/{job_id}", metadata={}, lease_until=timezone.now() + timedelta(minutes=10))
 
 
-def drive_report(job) -> list:
-    """Every stage of the report, in process, the way its tasks would run them (fan-out units one by one)."""
-    from jobs import runner
-    from jobs.outcomes import FanOut, Later, Resume
-    from jobs.workflow import RECIPES
-
-    outcomes, stage, deadline = [], "prepare", time.monotonic() + 60
-    while stage is not None:
-        assert time.monotonic() < deadline, outcomes[-5:]
-        outcome = runner.run_stage(job_id=job.id, run=job.run, stage=stage, owner="t", chain="c")
-        outcomes.append(outcome)
-        if isinstance(outcome, Later):
-            time.sleep(min(outcome.countdown, 0.5))
-            continue
-        if isinstance(outcome, FanOut):
-            resumed, fanouts = None, [outcome]
-            while fanouts:  # a lead sub-step's end sends the ones held back for it: another FanOut
-                fanout = fanouts.pop(0)
-                for key in fanout.keys:
-                    while True:
-                        unit = runner.run_substep(job_id=job.id, run=job.run, stage=fanout.stage, key=key,
-                                                  owner=f"u-{key}", lead=fanout.lead)
-                        if not isinstance(unit, Later):
-                            break
-                        time.sleep(min(unit.countdown, 0.5))
-                    outcomes.append(unit)
-                    resumed = unit if isinstance(unit, Resume) else resumed
-                    fanouts += [unit] if isinstance(unit, FanOut) else []
-            stage = RECIPES["report"].stages[resumed.stage_index].name if resumed else None
-            continue
-        stage = None
-    return outcomes
-
-
 class ProviderThatRefusesRepeats:
     """The sandbox's LLM, except that being asked for the synthesis or a chapter that is done fails the
     test (the resume must not ask for them)."""
@@ -132,7 +104,7 @@ class ProviderThatRefusesRepeats:
 
 
 def test_a_resumed_report_asks_only_for_the_missing_chapters_and_keeps_the_rest_byte_identical(
-        api, ledger, monkeypatch, settings):
+        engine, api, ledger, monkeypatch, settings):
     from django.utils import timezone
 
     from executor import services as executor_services
@@ -149,7 +121,7 @@ def test_a_resumed_report_asks_only_for_the_missing_chapters_and_keeps_the_rest_
     port = ProviderThatRefusesRepeats(kept)
     monkeypatch.setattr(executor_services, "provider", lambda spec: port)
 
-    drive_report(job)
+    engine.run_job(job)
 
     job.refresh_from_db()
     assert job.status == "succeeded", job.error
@@ -161,12 +133,14 @@ def test_a_resumed_report_asks_only_for_the_missing_chapters_and_keeps_the_rest_
 
 
 def test_a_persons_retry_of_a_report_that_failed_on_one_chapter_pays_only_for_that_chapter(
-        report_worker, ledger, api, mailbox):
+        engine, ledger, api, mailbox, mail_to):
+    mail_to(mailbox)
     # The synthesis passes (a no-op fault takes the first call); the next call, a chapter, is refused.
     ledger.faults([{"model": "llm", "action": "delay", "seconds": 0},
                    {"model": "llm", "action": "status_400", "message": "that chapter is not allowed"}])
     job_id = api.create(report_body(), key="retry-me").json()["id"]
-    failed = wait_ended(api, job_id)
+    engine.run_job(job_id)
+    failed = api.job(job_id)
     assert failed["status"] == "failed" and failed["error"]["code"] == "CHAPTER_FAILED", failed
     [refused] = [c for c in failed["chapters"] if c["status"] != "done"]
     assert failed["error"]["chapters"] == [refused["key"]] and len(refused["attempts"]) == 1  # a 400: no retry
@@ -175,7 +149,9 @@ def test_a_persons_retry_of_a_report_that_failed_on_one_chapter_pays_only_for_th
 
     retried = api.http.post(f"/v1/jobs/{job_id}/retry", headers=api.headers())
     assert retried.status_code == 202
-    done = wait_ended(api, job_id, run=2)
+    engine.run_job(job_id)
+    done = api.job(job_id)
+    assert done["run"] == 2, done
 
     assert done["status"] == "succeeded", done
     assert len(llm_calls(ledger)) == calls_run_1 + 1  # run 2 called only for the missing chapter
@@ -185,14 +161,15 @@ def test_a_persons_retry_of_a_report_that_failed_on_one_chapter_pays_only_for_th
     assert len(mailbox.wait_for(1)) == 1
 
 
-def test_a_429_is_tried_again_and_a_400_is_not(api, ledger, settings):
+def test_a_429_is_tried_again_and_a_400_is_not(engine, api, ledger, settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     job = report_job(api, chapters=["one", "two"])
+    # The engine runs the sub-steps in key order, each at once, and a back-off's retry when it is due.
     ledger.faults([{"model": "llm", "action": "delay", "seconds": 0},  # the synthesis
                    {"model": "llm", "action": "status_429", "seconds": 0.2},  # chapter one, first try
-                   {"model": "llm", "action": "delay", "seconds": 0},  # chapter one, second try
-                   {"model": "llm", "action": "status_400"}])  # chapter two: refused, not tried again
-    drive_report(job)
+                   {"model": "llm", "action": "status_400"},  # chapter two: refused, not tried again
+                   {"model": "llm", "action": "delay", "seconds": 0}])  # chapter one, second try
+    engine.run_job(job)
 
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "CHAPTER_FAILED" and job.error["chapters"] == ["two"]
@@ -204,11 +181,11 @@ def test_a_429_is_tried_again_and_a_400_is_not(api, ledger, settings):
     assert len(assert_books_balance(ledger)) == 2  # the synthesis and chapter one
 
 
-def test_an_empty_answer_fails_its_chapter_and_the_report_is_not_sealed(api, ledger, settings):
+def test_an_empty_answer_fails_its_chapter_and_the_report_is_not_sealed(engine, api, ledger, settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     job = report_job(api, chapters=["one", "two"])
     ledger.faults([{"model": "llm", "action": "delay", "seconds": 0}, {"model": "llm", "action": "empty"}])
-    drive_report(job)
+    engine.run_job(job)
 
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "CHAPTER_FAILED"
@@ -218,12 +195,12 @@ def test_an_empty_answer_fails_its_chapter_and_the_report_is_not_sealed(api, led
     assert len(assert_books_balance(ledger)) == 3  # the empty answer was paid for, and is on the record
 
 
-def test_a_budget_pre_flight_that_refuses_the_report_makes_no_chapter_call(api, ledger, settings):
+def test_a_budget_pre_flight_that_refuses_the_report_makes_no_chapter_call(engine, api, ledger, settings):
     from accounts.models import Client
 
     Client.objects.filter(id=api.client_id).update(monthly_cap_usd=Decimal("0.10"))
     job = report_job(api)
-    drive_report(job)
+    engine.run_job(job)
 
     job.refresh_from_db()
     assert job.status == "failed" and job.error["code"] == "BUDGET_EXCEEDED", job.error
@@ -239,31 +216,25 @@ MAIL_STEP_LEASE_S = 30  # the default, said aloud: the test below tells a back-o
 
 
 @pytest.fixture
-def mail_outage(transactional_db, sandbox):
-    """A worker whose mail server is not there yet (its port refuses), and the server to start later."""
-    from django.conf import settings
-
-    from tests.conftest import purge_queue
+def mail_outage(settings, mail_to):
+    """A mail server that is not there yet (its port refuses), to start later; this process's mail goes
+    to it, with a short timeout."""
     from tests.support.mail import SmtpProcess
-    from tests.support.procs import ProcfileProcess
 
     server = SmtpProcess()
-    purge_queue(settings.CELERY_BROKER_URL, "jobs")
-    worker = ProcfileProcess("worker", env={"WORKER_CONCURRENCY": 16, "EMAIL_URL": server.url,
-                                            "EMAIL_TIMEOUT_S": 2, "STEP_LEASE_S": MAIL_STEP_LEASE_S}).start()
+    mail_to(server)
+    settings.EMAIL_TIMEOUT, settings.STEP_LEASE_S = 2, MAIL_STEP_LEASE_S
     yield server
-    worker.stop()
     server.stop()
     server.cleanup()
 
 
 def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_delivered_once_mail_is_back(
-        mail_outage, ledger, api):
-    job_id = api.create(report_body(CHAPTERS[:2]), key="outage").json()["id"]
-    deadline = time.monotonic() + 30
-    while not Report.objects.filter(job_id=job_id, sealed_at__isnull=False).exclude(delivery_error="").exists():
-        assert time.monotonic() < deadline, "the report did not seal, or delivery was not tried"
-        time.sleep(0.1)
+        engine, mail_outage, ledger, api, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):  # the API's enqueue, sent to the engine
+        job_id = api.create(report_body(CHAPTERS[:2]), key="outage").json()["id"]
+    engine.run(lambda: Report.objects.filter(job_id=job_id, sealed_at__isnull=False).exclude(delivery_error="").exists(),
+               timeout=30)  # the report sealed, and delivery was tried
     assert api.job(job_id)["status"] == "running"  # sealed; delivery waits for the mail server
     assert api.get(f"/v1/jobs/{job_id}/report").status_code == 200  # and the report is readable
 
@@ -271,7 +242,8 @@ def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_deliver
     # The delivery's next try comes after its back-off (about a second), taken back by the task that backed
     # off; not after its lease ran out (STEP_LEASE_S), as when the pause was handed to another task that
     # found the step held (jobs.runner._hand_over).
-    job = wait_ended(api, job_id, timeout=MAIL_STEP_LEASE_S / 2)
+    engine.run_job(job_id, timeout=MAIL_STEP_LEASE_S / 2)
+    job = api.job(job_id)
 
     assert job["status"] == "succeeded" and job["output"]["delivered"] is True
     time.sleep(1)
@@ -290,6 +262,7 @@ def report_stack(transactional_db, ledger, mailbox):
         processes.stop()
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_during_the_fan_out_still_seals_and_every_call_is_on_the_record(report_stack, ledger, mailbox):
     import requests
 

@@ -1,4 +1,5 @@
-"""Tenant isolation through the real `web` process: two clients, alice and bob, on one stack. No client
+"""Tenant isolation through the real `web` process, the jobs run by the engine in this process
+(tests/support/engine.py): two clients, alice and bob, on one stack. No client
 reads, writes, squats or learns of another's outputs or jobs, whatever key or id it names; every refusal
 is a clear 4xx before any row or charge (docs/design.md, "One key and one body are one job" and
 "The output key: read back before paying")."""
@@ -12,7 +13,7 @@ from executor.store import client_store, get_store
 from jobs.models import Job
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
-from tests.support.http_api import HttpApi
+from tests.support.engine import EngineHttpApi
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -29,16 +30,16 @@ def reference_body(output_key: str) -> dict:
 
 
 @pytest.fixture
-def alice(web_stack, web_worker):  # every test here runs jobs: the worker is the test's own
-    return HttpApi(web_stack.url, client_create(name="alice"))
+def alice(web_stack, engine, transactional_db):  # committed: the web process reads what this one writes
+    return EngineHttpApi(web_stack.url, client_create(name="alice"), engine)
 
 
 @pytest.fixture
-def bob(web_stack, web_worker):
-    return HttpApi(web_stack.url, client_create(name="bob"))
+def bob(web_stack, engine, transactional_db):
+    return EngineHttpApi(web_stack.url, client_create(name="bob"), engine)
 
 
-def finished(api: HttpApi, body: dict, key: str) -> dict:
+def finished(api: EngineHttpApi, body: dict, key: str) -> dict:
     created = api.create(body, key=key)
     assert created.status_code == 201, created.text
     job = api.wait(created.json()["id"])

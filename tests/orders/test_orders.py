@@ -16,12 +16,21 @@ from orders.models import Order
 from tests.support.books import assert_books_balance
 from tests.support.orders import order_body, post_order
 from tests.support.procs import REPO_ROOT
-from tests.support.reports import CHAPTERS, SUBJECT, report_body, wait_ended
+from tests.support.reports import CHAPTERS, SUBJECT, report_body
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# Under rollback, reports run on the in-process engine (tests/support/engine.py); the tests against the web
+# process commit (web_api).
+pytestmark = pytest.mark.django_db
 
 
-def test_a_paid_order_makes_one_report_and_its_replay_is_the_same_order(report_worker, ledger, api, mailbox):
+def ended(engine, api, job_id: str) -> dict:
+    """Run the job in process until it ends; the API's answer for it."""
+    engine.run_job(job_id)
+    return api.job(job_id)
+
+
+def test_a_paid_order_makes_one_report_and_its_replay_is_the_same_order(engine, ledger, api, mailbox, mail_to):
+    mail_to(mailbox)
     first = post_order(api, order_body())
     assert first.status_code == 201, first.content
     order = first.json()
@@ -32,7 +41,7 @@ def test_a_paid_order_makes_one_report_and_its_replay_is_the_same_order(report_w
     conflict = post_order(api, order_body(product="another-product"))
     assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "IDEMPOTENCY_CONFLICT"
 
-    job = wait_ended(api, order["job_id"])
+    job = ended(engine, api, order["job_id"])
     assert job["status"] == "succeeded" and job["metadata"]["order_id"] == order["id"]
     shown = api.get(f"/v1/orders/{order['id']}").json()
     assert shown["job"]["status"] == "succeeded" and shown["job"]["cost"]["total_usd"] == job["cost"]["total_usd"]
@@ -43,15 +52,18 @@ def test_a_paid_order_makes_one_report_and_its_replay_is_the_same_order(report_w
 
 
 def test_a_second_payment_for_the_same_run_and_product_is_a_duplicate_that_mails_only_the_buyer_of_record(
-        report_worker, ledger, api, mailbox):
+        engine, ledger, api, mailbox, mail_to, django_capture_on_commit_callbacks):
+    mail_to(mailbox)
     paid = post_order(api, order_body(payment="pi_1")).json()
-    wait_ended(api, paid["job_id"])
+    ended(engine, api, paid["job_id"])
     [first_mail] = mailbox.wait_for(1)
     assert first_mail["to"] == ["buyer@example.com"]
 
     # Someone pays for the same run again and names their own address and subject.
-    second = post_order(api, order_body(payment="pi_2", email="someone.else@example.com",
-                                        input={"subject": {"name": "Someone Else"}, "chapters": CHAPTERS[:3]}))
+    with django_capture_on_commit_callbacks(execute=True):  # the duplicate's mail is sent on commit
+        second = post_order(api, order_body(payment="pi_2", email="someone.else@example.com",
+                                            input={"subject": {"name": "Someone Else"}, "chapters": CHAPTERS[:3]}))
+    engine.run()  # the worker's part: billing.mail_duplicate
 
     assert second.status_code == 201
     duplicate = second.json()
@@ -166,9 +178,9 @@ def test_an_order_with_a_bad_report_input_is_422(api, ledger):
 # --- personal data ---------------------------------------------------------------------------------------
 
 
-def test_purging_personal_data_keeps_the_sealed_report_readable(report_worker, ledger, api, mailbox):
+def test_purging_personal_data_keeps_the_sealed_report_readable(engine, ledger, api):
     job_id = api.create(report_body(CHAPTERS[:2]), key="purge").json()["id"]
-    assert wait_ended(api, job_id)["status"] == "succeeded"
+    assert ended(engine, api, job_id)["status"] == "succeeded"
     before = api.get(f"/v1/jobs/{job_id}/report").content
     figures = Report.objects.get(job_id=job_id).figures
     Report.objects.filter(job_id=job_id).update(created_at=timezone.now() - timedelta(days=91))
@@ -189,9 +201,9 @@ def test_purging_personal_data_keeps_the_sealed_report_readable(report_worker, l
     assert api.get(f"/v1/jobs/{job_id}/report").content == before  # still readable, the same report
 
 
-def test_a_report_younger_than_the_retention_is_kept(report_worker, ledger, api, mailbox):
+def test_a_report_younger_than_the_retention_is_kept(engine, ledger, api):
     job_id = api.create(report_body(CHAPTERS[:1]), key="young").json()["id"]
-    wait_ended(api, job_id)
+    ended(engine, api, job_id)
     call_command("purge_personal_data", "--older-than", "90d")
     assert Report.objects.get(job_id=job_id).subject == SUBJECT
 
@@ -267,7 +279,7 @@ def test_the_admin_shows_cost_per_order_and_re_runs_only_after_a_confirmation(ad
 
 
 @pytest.fixture
-def web_api(web_stack):
+def web_api(transactional_db, web_stack):  # the web process reads the client this process writes
     from jobs.services import client_create
     from tests.support.http_api import HttpApi
 
@@ -279,6 +291,7 @@ def post_web_order(web_api, body):
                              headers=web_api.headers(**{"Content-Type": "application/json"}))
 
 
+@pytest.mark.e2e
 def test_two_long_payment_ids_that_differ_only_at_their_end_are_two_paid_orders(web_api):
     common = "pi_" + "x" * 249  # with "order:" in front, both were cut to one 255-character job key
 
@@ -291,6 +304,7 @@ def test_two_long_payment_ids_that_differ_only_at_their_end_are_two_paid_orders(
     assert Job.objects.count() == 2
 
 
+@pytest.mark.e2e
 def test_a_clients_own_idempotency_key_cannot_block_a_payment(web_api, ledger):
     squatted = web_api.create({"kind": "media", "models": ["sandbox/video-keyed"], "input": {"prompt": "x"}},
                               key="order:pi_squatted")
@@ -305,6 +319,7 @@ def test_a_clients_own_idempotency_key_cannot_block_a_payment(web_api, ledger):
     assert " " in order_key and web_api.create({}, key=order_key).status_code == 400
 
 
+@pytest.mark.e2e
 def test_an_unknown_field_inside_an_orders_input_is_422_naming_it(web_api):
     body = order_body(input={"subject": SUBJECT, "chapters": CHAPTERS[:3], "notes": "buyer.two@example.com"})
 

@@ -13,7 +13,7 @@ and hides from it what it costs. This plugin fails such a test, naming what it s
 
 Left out: the session's sandbox and SMTP server (tests/conftest.py), each one process started once and
 shared like PostgreSQL and Redis (the engine and money tests that drive the runner in this process,
-tests/support/drive.py, talk to that sandbox without being end to end); and `git`, which only reads
+tests/support/engine.py, talk to that sandbox without being end to end); and `git`, which only reads
 the repository.
 """
 

@@ -1,4 +1,7 @@
-"""Cancel and a person's retry on real processes: the worker as the Procfile starts it and the sandbox."""
+"""Cancel and a person's retry through the API, the job engine run in this process as a worker runs it
+(tests/support/engine.py), and the sandbox. Committed: the API's enqueue and cancel reach the engine on
+commit, and run 2's steps are told from run 1's by their start, which SQL now() stamps (inside one
+transaction it would not move)."""
 
 import pytest
 import requests
@@ -6,10 +9,9 @@ import requests
 from jobs.models import Step
 from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
-from tests.support.waiting import wait_for, wait_until
 from webhooks.models import Delivery
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -18,11 +20,10 @@ def api(make_api):
     return make_api("acme", webhook_url=HOOK_URL)
 
 
-def test_cancel_while_running_cancels_upstream_and_emits_one_event(jobs_worker, ledger, api):
+def test_cancel_while_running_cancels_upstream_and_emits_one_event(engine, ledger, api):
     job_id = api.create(media_body(input={"prompt": "a long render", "render_s": 20}), key="c").json()["id"]
-    submitted = wait_until(
-        lambda: Step.objects.filter(job_id=job_id, name="submit", status="done").first(), message="submitted"
-    )
+    engine.run(lambda: Step.objects.filter(job_id=job_id, name="submit", status="done").exists())
+    submitted = Step.objects.get(job_id=job_id, name="submit")
     upstream_id = submitted.result["upstream_id"]
 
     response = api.http.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers())
@@ -32,26 +33,26 @@ def test_cancel_while_running_cancels_upstream_and_emits_one_event(jobs_worker, 
     assert response.json()["error"]["code"] == "CANCELLED"
     events = list(Delivery.objects.filter(job_id=job_id).values_list("id", flat=True))
     assert events == [f"{job_id}:1:generation.cancelled"]
-    # The executor cancels the render upstream (the provider can), within a moment.
-    wait_until(
-        lambda: requests.get(f"{ledger.url}/v1/generations/{upstream_id}", timeout=5).json()["status"] == "cancelled",
-        message="upstream render cancelled",
-    )
+    # The executor cancels the render upstream (the provider can): the stop the cancel sent runs at once,
+    # ahead of the wait's next poll.
+    [stop] = [m for m in engine.queue if m.name == "jobs.stop_upstream"]
+    engine.run(only=lambda message: message is stop)
+    assert requests.get(f"{ledger.url}/v1/generations/{upstream_id}", timeout=5).json()["status"] == "cancelled"
     again = api.http.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers())
     assert again.status_code == 409 and again.json()["error"]["code"] == "JOB_TERMINAL"
-    # The attempt is ended on the record too; then the worker stops (warm: what is in flight finishes),
-    # and nothing has ended the job a second time.
-    wait_until(lambda: api.job(job_id)["attempts"][0]["state"] == "failed", message="the attempt ended")
-    jobs_worker.stop()
+    # The attempt is ended on the record too; then what is left of the job runs (its wait's next poll, not
+    # waited for: whenever it comes, it finds the job cancelled), and nothing ends the job a second time.
+    assert api.job(job_id)["attempts"][0]["state"] == "failed"
+    engine.run_job(job_id, pauses=False)
     job = api.job(job_id)
     assert job["status"] == "cancelled" and job["attempts"][0]["error_class"] == "cancelled"
     assert Delivery.objects.filter(job_id=job_id).count() == 1
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_cancel_after_success_is_409_job_terminal(jobs_worker, ledger, api):
+def test_cancel_after_success_is_409_job_terminal(engine, ledger, api):
     job_id = api.create(media_body(input={"prompt": "quick", "render_s": 0}), key="c").json()["id"]
-    assert wait_for(api, job_id, {"succeeded", "failed"})[0]["status"] == "succeeded"
+    assert engine.run_job(job_id).status == "succeeded"
     response = api.http.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers())
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "JOB_TERMINAL"
@@ -60,10 +61,11 @@ def test_cancel_after_success_is_409_job_terminal(jobs_worker, ledger, api):
     assert len(assert_books_balance(ledger)) == 1
 
 
-def test_a_person_retries_a_failed_job_and_it_fails_again_in_run_2(jobs_worker, ledger, api):
+def test_a_person_retries_a_failed_job_and_it_fails_again_in_run_2(engine, ledger, api):
     ledger.faults([{"model": "video-keyed", "action": "status_422", "times": 2, "message": "duration must be 8s"}])
     job_id = api.create(media_body(), key="r").json()["id"]
-    failed, _ = wait_for(api, job_id, {"failed", "succeeded"})
+    engine.run_job(job_id)
+    failed = api.job(job_id)
     assert failed["status"] == "failed" and failed["run"] == 1
     assert failed["error"]["code"] == "INVALID_INPUT" and "duration must be 8s" in failed["error"]["message"]
     run1 = {row.name: row for row in Step.objects.filter(job_id=job_id, run=1)}
@@ -72,8 +74,9 @@ def test_a_person_retries_a_failed_job_and_it_fails_again_in_run_2(jobs_worker, 
 
     assert retried.status_code == 202, retried.content
     assert retried.json()["run"] == 2 and retried.json()["status"] == "queued"
-    again = wait_until(lambda: (job := api.job(job_id))["status"] == "failed" and job["run"] == 2 and job,
-                       message="run 2 failed")
+    engine.run_job(job_id)
+    again = api.job(job_id)
+    assert again["status"] == "failed" and again["run"] == 2, again
     assert again["error"]["code"] == "INVALID_INPUT"
     run2 = {row.name: row for row in Step.objects.filter(job_id=job_id, run=2)}
     assert set(run2) == set(run1)  # run 2 ran its steps afresh ...
@@ -84,12 +87,11 @@ def test_a_person_retries_a_failed_job_and_it_fails_again_in_run_2(jobs_worker, 
 
 
 @pytest.mark.parametrize("end", ["succeeded", "cancelled"])
-def test_retrying_a_succeeded_or_cancelled_job_is_409_and_changes_nothing(jobs_worker, ledger, api, end):
+def test_retrying_a_succeeded_or_cancelled_job_is_409_and_changes_nothing(engine, ledger, api, end):
     job_id = api.create(media_body(input={"prompt": "x", "render_s": 0 if end == "succeeded" else 30}), key="e").json()["id"]
     if end == "cancelled":
         assert api.http.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers()).status_code == 200
-    wait_for(api, job_id, {end})
-    jobs_worker.stop()  # warm: a submit that was in flight when the cancel won lands its attempt row first
+    assert engine.run_job(job_id).status == end  # and everything of it queued has run
     before = api.job(job_id)
     events_before = list(Delivery.objects.filter(job_id=job_id).values_list("id", flat=True))
 
