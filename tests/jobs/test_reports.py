@@ -229,6 +229,7 @@ def mail_outage(settings, mail_to):
     server.cleanup()
 
 
+@pytest.mark.e2e  # starts an SMTP server of its own, down and then up
 def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_delivered_once_mail_is_back(
         engine, mail_outage, ledger, api, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):  # the API's enqueue, sent to the engine
