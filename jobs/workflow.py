@@ -69,7 +69,6 @@ class Stage:
 
 @dataclass(frozen=True)
 class Recipe:
-    kind: str
     stages: tuple[Stage, ...]
     # on_cancel(ctx): stop upstream work of a cancelled job; returns seconds until it should run again
     # (a send whose answer may still come), or None

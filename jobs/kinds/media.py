@@ -78,7 +78,6 @@ def cancel_upstream(ctx) -> float | None:
 
 
 RECIPE = Recipe(
-    kind="media",
     stages=(
         Stage("prepare", (
             # The read first: then marking the job running, the read's done mark and the submit's

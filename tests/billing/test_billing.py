@@ -360,7 +360,7 @@ def fanout_recipe() -> Recipe:
         services.fanout_release(key=f"fanout-{ctx.job.id}")
         return {"released": True}
 
-    return Recipe("report", (
+    return Recipe((
         Stage("preflight", (StepSpec("preflight", preflight, Effect.DB),)),
         Stage("units", fanout=FanOutSpec("unit", keys=lambda ctx: UNITS, fn=unit)),
         Stage("join", (StepSpec("join", join, Effect.DB),)),

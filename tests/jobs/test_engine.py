@@ -258,7 +258,7 @@ def test_fan_out_runs_substeps_once_and_resumes_only_the_missing(api, monkeypatc
     def seal(ctx):
         return {"chapters": [ctx.result(f"chapter-{key}")["text"] for key in "abc"]}
 
-    recipe = Recipe("report", (
+    recipe = Recipe((
         Stage("chapters", fanout=FanOutSpec("chapter", keys=lambda ctx: ["a", "b", "c"], fn=chapter)),
         Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
     ))

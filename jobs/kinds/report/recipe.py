@@ -144,7 +144,6 @@ def finish_report(ctx) -> dict:
 
 
 RECIPE = Recipe(
-    kind="report",
     stages=(
         Stage("prepare", (
             StepSpec("mark_running", mark_running, Effect.DB),
