@@ -180,8 +180,7 @@ def _kind_suits(provider: str, kind: str, below: ModelSpec | None) -> None:
     kind serves is jobs' word, jobs.workflow.Kind.model_kinds: the executor sits below jobs.)"""
     call = _call(kind)
     if below is not None and call != _call(below.kind):
-        raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a model {_call(below.kind)}s, "
-                         "and stays one that does)")
+        raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a `{_call(below.kind)}` model stays one)")
     if not callable(getattr(ADAPTERS[provider], call, None)):
         raise ValueError(f"kind: provider {provider} makes no {kind} (its adapter has no {call})")
 
