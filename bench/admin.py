@@ -297,7 +297,7 @@ SELECT job_id, run, step, m, 'sandbox', model, format('payonce-%%s-%%s', job_id,
        CASE WHEN state IN ('succeeded', 'failed') THEN duration_ms END
   FROM e;
 """),
-    # Each run's steps as the recipes name them (jobs.recipes), as far as the job's status got: the last
+    # Each run's steps as the recipes name them (jobs.kinds), as far as the job's status got: the last
     # one failed or still running under a lease. One row per (job, run, name): step_job_run_name.
     ("steps", """
 WITH r AS (

@@ -141,7 +141,7 @@ class RoutineFilter(logging.Filter):
 
 # --- redaction -------------------------------------------------------------------------------------------
 
-# A report link's token (`/r/<signed token>`, jobs.reports.link_token): a bearer token to a buyer's
+# A report link's token (`/r/<signed token>`, jobs.kinds.report.reports.link_token): a bearer token to a buyer's
 # report, in any line that quotes a link, and in the mail a console backend prints (config.mail) unless
 # EMAIL_CONSOLE_LINKS shows it there (development: that mail is the only way to the link).
 _REPORT_LINK = (("/r/",), re.compile(r"(/r/)[A-Za-z0-9_.:=-]{16,}"), r"\1" + REDACTED)

@@ -42,7 +42,6 @@ from executor.providers.base import (
     Capabilities,
     ModelSpec,
     Param,
-    job_kind_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -169,13 +168,19 @@ def spec_from(name: str, entry: Mapping, below: ModelSpec | None) -> ModelSpec |
     return ModelSpec(provider, name.partition("/")[2], kind, content_type, extension, capabilities, params)
 
 
+def _call(kind: str) -> str:
+    """The adapter call that makes a model kind's output."""
+    return "complete" if kind == ModelKind.TEXT else "submit"
+
+
 def _kind_suits(provider: str, kind: str, below: ModelSpec | None) -> None:
-    """A model keeps the job kind the layers below give it (a video model declared `text` would be sent a
+    """A model keeps the call the layers below give it (a video model declared `text` would be sent a
     report's chapters, and a job naming it would be priced as neither), and its adapter must make that
-    kind: a text model is a `complete` call, a media model a `submit`."""
-    if below is not None and job_kind_of(kind) != below.job_kind:
-        raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a {below.job_kind} model stays one)")
-    call = "complete" if kind == ModelKind.TEXT else "submit"
+    kind: a text model is a `complete` call, a video or image model a `submit`. (Which job kind a model
+    kind serves is jobs' word, jobs.workflow.Kind.model_kinds: the executor sits below jobs.)"""
+    call = _call(kind)
+    if below is not None and call != _call(below.kind):
+        raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a `{_call(below.kind)}` model stays one)")
     if not callable(getattr(ADAPTERS[provider], call, None)):
         raise ValueError(f"kind: provider {provider} makes no {kind} (its adapter has no {call})")
 

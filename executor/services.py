@@ -166,7 +166,7 @@ def _stored_before(job) -> dict:
 def media_stored(job, finished: dict, output: dict) -> None:
     """Once the store holds the output, the attempt's inline bytes (a synchronous provider's answer, kept
     on its row until now) give way to the stored key: megabytes an image, otherwise kept for good.
-    Called in the transaction that marks the store step done (jobs.recipes.finish), so the row lets go of
+    Called in the transaction that marks the store step done (jobs.kinds.media.finish), so the row lets go of
     the bytes in the commit after which the store step never runs again; conditional on the row still
     holding them, so a second pass changes nothing (and a store step run again after that finds them in
     the store: _stored_before). An output that came by URL (or was in the store before any provider was

@@ -3,7 +3,6 @@ Sent by task name (jobs.tasks defines the tasks), so that the services that enqu
 import the tasks, which import the runner, which calls the services."""
 
 from config.celery import app
-from jobs.workflow import RECIPES
 
 RUN_STAGE, RUN_SUBSTEP, STOP_UPSTREAM = "jobs.run_stage", "jobs.run_substep", "jobs.stop_upstream"
 
@@ -16,7 +15,9 @@ def start_run(job_id, run: int, kind: str = "media", from_stage: int = 0, countd
 
     `root_id` sends the chain as part of an existing one (the chain holding a polling lease), and `rung`
     says a provider called back: the waiting stage looks at once (jobs.services.job_wake)."""
-    first, *rest = RECIPES[kind].stages[from_stage:]
+    from jobs.kinds import KINDS  # at call time: services imports this module, kinds import services (jobs.kinds)
+
+    first, *rest = KINDS[kind].recipe.stages[from_stage:]
     links = [app.signature(RUN_STAGE, (str(job_id), run, stage.name), immutable=True) for stage in rest]
     # The chain travels in the first message (Celery's own `chain` field, links in reverse order), as
     # canvas.chain would send it, without freezing every link up front: this runs in every POST.

@@ -27,6 +27,7 @@ from config.db import db_error_recurs
 from config.logs import log_context, log_event
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
+from jobs.kinds import KINDS
 from jobs.models import JobStatus, StepStatus
 from jobs.outcomes import (
     Continue,
@@ -61,7 +62,7 @@ from jobs.steps import (
     step_mark_done,
     step_renew_lease,
 )
-from jobs.workflow import RECIPES, Effect, Recipe, Stage, StepSpec
+from jobs.workflow import Effect, Recipe, Stage, StepSpec
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def _load(job_id, run: int, owner: str, chain: str | None, rung: bool = False) -
 def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
     """A chain that finds its job cancelled stops its upstream work on the way out."""
     if ctx is not None and ctx.job.status == JobStatus.CANCELLED:
-        recipe = RECIPES[ctx.job.kind]
+        recipe = KINDS[ctx.job.kind].recipe
         if recipe.on_cancel is not None:
             again_s = recipe.on_cancel(ctx)
             if again_s is not None:
@@ -111,7 +112,7 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
     ctx, stop = _load(job_id, run, owner, chain, rung)
     if stop:
         return _stopped(ctx, stop)
-    recipe = RECIPES[ctx.job.kind]
+    recipe = KINDS[ctx.job.kind].recipe
     first = recipe.index(stage)
     unfinished = _unfinished_before(ctx, recipe, first)
     if unfinished is not None:
@@ -193,7 +194,7 @@ def run_substep(*, job_id, run: int, stage: str, key: str, owner: str, chain: st
     ctx, stop = _load(job_id, run, owner, chain)
     if stop:
         return _stopped(ctx, stop)
-    recipe = RECIPES[ctx.job.kind]
+    recipe = KINDS[ctx.job.kind].recipe
     fanout = recipe.stages[recipe.index(stage)].fanout
     spec = StepSpec(fanout.step_name(key), lambda c: fanout.fn(c, key), Effect.EXTERNAL)
     try:
@@ -219,7 +220,7 @@ def stop_cancelled(*, job_id, run: int, owner: str) -> Stop:
 
 def resume_point(job) -> int | None:
     """The first stage of the job's current run with a step not yet done (None: every stage is done)."""
-    recipe = RECIPES[job.kind]
+    recipe = KINDS[job.kind].recipe
     done = selectors.done_step_names(job_id=job.id, run=job.run)
     for index, stage in enumerate(recipe.stages):
         if not set(stage.step_names()) <= done:

@@ -107,7 +107,7 @@ SELECT j.*, (SELECT coalesce(json_agg(json_build_object(
 
 def job_with_steps(job_id):
     """The job with `step_rows` (its current run's steps as dicts) and `has_attempts` (whether any attempt
-    of it exists: the executor then need not look for one, jobs.recipes.submit), or None."""
+    of it exists: the executor then need not look for one, jobs.kinds.media.submit), or None."""
     return next(iter(Job.objects.raw(_JOB_WITH_STEPS_SQL, [job_id])), None)
 
 

@@ -1,23 +1,17 @@
 """The job request (validated strictly: wrong types are errors, never coerced) and the job as answered."""
 
-import base64
-import binascii
 import json
 import math
-import re
 import sys
-from decimal import Decimal
 
-from django.conf import settings
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FALLBACK_REASONS, default_policy
-from executor.registry import PAYONCE_INPUT_KEYS, code_spec, input_problems, model_spec, provider_usable
+from executor.registry import PAYONCE_INPUT_KEYS, code_spec, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
-from jobs.models import JobKind, JobStatus, ReportChapter
-from jobs.selectors import succeeded_output_keys
+from jobs.models import JobKind, JobStatus
 from webhooks import services as webhooks
 
 MAX_MODELS = 5
@@ -127,94 +121,6 @@ class PolicySerializer(StrictSerializer):
         return super().to_internal_value(data)
 
 
-class ReferenceSerializer(StrictSerializer):
-    """Reference media, uploaded to the provider's input store before each submit: inline bytes (base64)
-    or an object already in payonce's output store (an earlier job's output)."""
-
-    data = StrictCharField(required=False, max_length=200_000)
-    # Only the output of one of the caller's own succeeded jobs (JobCreateSerializer.validate checks it).
-    output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
-    content_type = StrictCharField(required=False, max_length=100)
-
-    def validate_output_key(self, value):
-        problem = key_problem(value)
-        if problem:
-            raise serializers.ValidationError(problem)
-        return value
-
-    def validate(self, attrs):
-        if ("data" in attrs) == ("output_key" in attrs):
-            raise serializers.ValidationError("Give exactly one of data (base64) or output_key.")
-        if "data" in attrs:
-            try:
-                base64.b64decode(attrs["data"], validate=True)
-            except (binascii.Error, ValueError):
-                raise serializers.ValidationError({"data": ["Not valid base64."]}) from None
-            if not re.fullmatch(r"(image|video)/[a-z0-9.+-]+", attrs.get("content_type", "")):
-                raise serializers.ValidationError({"content_type": ["image/* or video/* is required with data."]})
-        return attrs
-
-
-class MediaInputSerializer(serializers.Serializer):
-    """A media job's input: a prompt, reference media, and the provider parameters the chain's models
-    declare (executor.registry.input_problems; a model that declares none takes any key). The chain comes
-    in the context: `models`."""
-
-    prompt = StrictCharField(max_length=20000)
-    references = ReferenceSerializer(many=True, required=False, max_length=8)
-
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["Expected an object."]})
-        errors = input_problems(self.context["models"], data)
-        try:
-            cleaned = super().to_internal_value(data)
-        except serializers.ValidationError as exc:
-            errors = {**exc.detail, **errors}
-        if errors:
-            raise serializers.ValidationError(errors)
-        # The extra keys are the provider's parameters, kept as sent (input_problems checked them); the
-        # fields declared here are stored as they were checked (the prompt trimmed, the references
-        # cleaned), never the raw value beside a checked copy.
-        declared = {"prompt": cleaned["prompt"]}
-        if "references" in cleaned:
-            declared["references"] = [dict(ref) for ref in cleaned["references"]]
-        return {**data, **declared}
-
-
-# The whole key (\A...\Z: `$` would also match before a final newline), ASCII only.
-_CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
-
-
-class ReportInputSerializer(StrictSerializer):
-    """A report's input: the subject it is written about (personal: purged after the retention period),
-    its chapters (slugs, in order, each once) and where the link goes. Its validated_data is what is
-    stored: a chapter key is taken exactly as sent (not trimmed: " sun" or "sun\n" is not a slug and
-    is refused, rather than checked trimmed and stored raw), the email trimmed as DRF's EmailField does."""
-
-    subject = serializers.DictField()
-    chapters = serializers.ListField(child=StrictCharField(max_length=64, trim_whitespace=False), min_length=1)
-    email = serializers.EmailField(max_length=254)
-
-    def validate_subject(self, value):
-        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-        if not value:
-            raise serializers.ValidationError("The subject is empty.")
-        if size > METADATA_MAX_BYTES:
-            raise serializers.ValidationError(f"At most {METADATA_MAX_BYTES} bytes of JSON ({size} given).")
-        return value
-
-    def validate_chapters(self, value):
-        if len(value) > settings.REPORT_MAX_CHAPTERS:
-            raise serializers.ValidationError(f"At most {settings.REPORT_MAX_CHAPTERS} chapters.")
-        bad = [repr(key) for key in value if not _CHAPTER_KEY.match(key)]
-        if bad:
-            raise serializers.ValidationError(f"Chapter keys are slugs (a-z, 0-9, '-'): {', '.join(bad[:5])}.")
-        if len(set(value)) != len(value):
-            raise serializers.ValidationError("Each chapter key once.")
-        return value
-
-
 class JobCreateSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=JobKind.choices)
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
@@ -280,51 +186,20 @@ class JobCreateSerializer(StrictSerializer):
             attrs.setdefault("metadata", {})
             return attrs
         errors = {}
-        wrong_kind = [name for name in attrs["models"] if model_spec(name).job_kind != attrs["kind"]]
+        from jobs.kinds import KINDS  # at call time: kinds import services, which import this (jobs.kinds)
+
+        kind = KINDS[attrs["kind"]]
+        wrong_kind = [name for name in attrs["models"] if model_spec(name).kind not in kind.model_kinds]
         if wrong_kind:
             errors["models"] = [f"Not a {attrs['kind']} model: {', '.join(wrong_kind)}."]
         # What is validated is what is stored: each kind's cleaned input goes into the row. The body's
         # hash (the Idempotency-Key's) stays over the input as sent (jobs.services.job_create says why).
-        if attrs["kind"] == JobKind.MEDIA:
-            media_input = MediaInputSerializer(data=attrs["input"], context={"models": attrs["models"]})
-            if not media_input.is_valid():
-                errors["input"] = media_input.errors
-            else:
-                refused = self._foreign_references(media_input.validated_data.get("references") or [])
-                if refused:
-                    errors["input"] = {"references": refused}
-                else:
-                    attrs["input_as_sent"], attrs["input"] = attrs["input"], media_input.validated_data
-        if attrs["kind"] == JobKind.REPORT:
-            report_input = ReportInputSerializer(data=attrs["input"])
-            if not report_input.is_valid():
-                errors["input"] = report_input.errors
-            elif "output_key" in attrs:
-                errors["output_key"] = ["A report has no output key: it is read at /v1/jobs/{id}/report."]
-            else:
-                attrs["input_as_sent"], attrs["input"] = attrs["input"], dict(report_input.validated_data)
+        errors.update(kind.accept_input(attrs, client=self.client))
         if errors:
             raise serializers.ValidationError(errors)
         attrs.setdefault("policy", default_policy())
         attrs.setdefault("metadata", {})
         return attrs
-
-    def _foreign_references(self, references: list[dict]) -> list[dict]:
-        """A reference may name only an output of one of the caller's own succeeded jobs: any other key
-        (another client's output, a job still running, a key nothing was written to) is refused here,
-        before a row or a charge, with the same words whether or not the key exists elsewhere."""
-        keys = [ref["output_key"] for ref in references if "output_key" in ref]
-        if not keys:
-            return []
-        owned = succeeded_output_keys(client_id=self.client.id, keys=keys) if self.client is not None else set()
-        if all(key in owned for key in keys):
-            return []
-        return [
-            {"output_key": ["Not the output of one of your succeeded jobs."]}
-            if "output_key" in ref and ref["output_key"] not in owned else {}
-            for ref in references
-        ]
-
 
 class AttemptSerializer(serializers.Serializer):
     number = serializers.IntegerField()
@@ -378,25 +253,10 @@ def job_as_dict(job) -> dict:
         "started_at": _iso(job.started_at),
         "completed_at": _iso(job.completed_at),
     }
-    if job.kind == JobKind.REPORT:
-        shown["chapters"] = report_chapters(job, attempts)
+    from jobs.kinds import KINDS  # at call time: kinds import services, which import this (jobs.kinds)
+
+    shown.update(KINDS[job.kind].answer(job, attempts))
     return shown
-
-
-def report_chapters(job, attempts: list[dict]) -> list[dict]:
-    """A report's chapters in order, each with its attempts (every run's) and their cost (docs/api.md, "A job")."""
-    by_step: dict[str, list[dict]] = {}
-    for attempt in attempts:
-        by_step.setdefault(attempt.get("step") or "", []).append(attempt)
-    keys = job.input.get("chapters") or []
-    status = dict(ReportChapter.objects.filter(report_id=job.id).values_list("key", "status"))
-    chapters = []
-    for key in keys:
-        rows = by_step.get(f"chapter-{key}", [])
-        cost = sum((Decimal(a["cost_usd"]) for a in rows if a["cost_usd"] is not None), Decimal(0))
-        chapters.append({"key": key, "status": status.get(key, "pending"), "attempts": rows,
-                         "cost_usd": str(cost.quantize(Decimal("0.000001")))})
-    return chapters
 
 
 class JobSerializer(serializers.Serializer):

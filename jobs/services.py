@@ -24,7 +24,6 @@ from jobs.errors import IdempotencyConflict, OutputKeyConflict
 from jobs.models import OPEN_STATUSES, Job, JobStatus, StepStatus
 from jobs.outcomes import JobErrorCode
 from jobs.serializers import job_as_dict
-from jobs.workflow import RECIPES
 from webhooks import services as webhooks
 from webhooks.models import WebhookEvent
 
@@ -322,7 +321,9 @@ def job_wake(*, job_id, run: int, step: str, claim) -> Wake:
     job = selectors.job_state(job_id)
     if job is None or job.run != run or job.status != JobStatus.RUNNING:
         return Wake.ENDED
-    recipe = RECIPES[job.kind]
+    from jobs.kinds import KINDS  # at call time: the kinds' steps import this module (jobs/kinds/__init__.py)
+
+    recipe = KINDS[job.kind].recipe
     waiting = recipe.waiting_step()
     if waiting is None:
         return Wake.ENDED

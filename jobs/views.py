@@ -25,7 +25,9 @@ from executor import callbacks
 from executor.registry import OUTPUT_CONTENT_TYPES
 from executor.services import store_error_is_permanent
 from executor.store import client_store
-from jobs import reports, selectors, services
+from jobs import selectors, services
+from jobs.kinds import KINDS
+from jobs.kinds.report import reports
 from jobs.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
@@ -43,7 +45,7 @@ from jobs.errors import (
     method_not_allowed,
 )
 from jobs.markdown import to_html
-from jobs.models import Job, JobKind, JobStatus, Report
+from jobs.models import Job, JobStatus, Report
 from jobs.pagination import MAX_LIMIT, job_page
 from jobs.serializers import JobCreateSerializer, JobSerializer
 
@@ -255,9 +257,9 @@ class JobOutputView(APIView):
         job = selectors.own_job_output(client_id=request.user.id, job_id=job_id)
         if job is None:  # another client's job, or none
             raise NotFound("Not found.")
-        if job.kind == JobKind.REPORT:
-            # A report's output is its sealed chapters, not an object in the store (its `output` names a
-            # link and a delivery, no store key): See Other, the endpoint that answers it.
+        if KINDS[job.kind].text is not None:
+            # A kind whose output is a text (a report's sealed chapters), not an object in the store (its
+            # `output` names a link and a delivery, no store key): See Other, the endpoint that answers it.
             return Response(status=303, headers={"Location": reverse("job-report", args=[job.id])})
         if job.status != JobStatus.SUCCEEDED or not (job.output or {}).get("key"):
             raise JobNotSucceeded(f"This job has no output: it is {job.status}.", status=job.status)
@@ -320,8 +322,8 @@ class JobReportView(APIView):
     )
     def get(self, request, job_id):
         job = _own_job(request, job_id)
-        if job.kind != JobKind.REPORT:
-            raise NotAReport("This job is a media job: it has an output, not a report.", kind=job.kind)
+        if KINDS[job.kind].text is None:  # its output is an object in the store (GET /v1/jobs/{id}/output)
+            raise NotAReport(f"This job is a {job.kind} job: it has an output, not a report.", kind=job.kind)
         report = Report.objects.filter(job_id=job.id).first()
         if report is None or report.sealed_at is None:
             raise ReportNotSealed("The report is not sealed yet.", status=job.status)

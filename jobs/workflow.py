@@ -1,6 +1,7 @@
 """The vocabulary of recipes (docs/design.md, "How a job runs: durable steps"): how a job's kind names its
-steps and stages. jobs.recipes declares recipes in it; jobs.runner runs them, and answers the chain with
-the outcomes of jobs.outcomes; jobs.tasks turns those into Celery actions.
+steps and stages, and what else a kind declares (`Kind`). The kinds (jobs.kinds: one module each, one line
+in its table) declare their recipes in it; jobs.runner runs them, and answers the chain with the outcomes
+of jobs.outcomes; jobs.tasks turns those into Celery actions.
 
 A recipe is a list of stages; a stage is one Celery task running one or more steps, each its own `Step`
 row (a checkpoint is a row, not a message). A stage ends where the job must wait (a polling step) or fan
@@ -68,7 +69,6 @@ class Stage:
 
 @dataclass(frozen=True)
 class Recipe:
-    kind: str
     stages: tuple[Stage, ...]
     # on_cancel(ctx): stop upstream work of a cancelled job; returns seconds until it should run again
     # (a send whose answer may still come), or None
@@ -86,9 +86,31 @@ class Recipe:
         return next((spec for stage in self.stages for spec in stage.steps if spec.effect is Effect.WAIT), None)
 
 
-RECIPES: dict[str, Recipe] = {}
+@dataclass(frozen=True)
+class Kind:
+    """Everything the code says of one job kind, declared once (jobs.kinds.KINDS holds one per kind): what
+    the API, the engine and the operators would otherwise each decide with a `kind ==` branch."""
 
-
-def recipe_register(recipe: Recipe) -> Recipe:
-    RECIPES[recipe.kind] = recipe
-    return recipe
+    name: str  # a JobKind value: the API's and the row's word for it
+    # The executor.models.ModelKind values whose models serve this kind. The mapping lives here, on the jobs
+    # side: the executor sits below jobs and knows model kinds only (and that a text model is a `complete`
+    # call, the others a `submit`); which job kind a model serves is jobs' word, so jobs maps down to it.
+    model_kinds: frozenset[str]
+    recipe: Recipe
+    # accept_input(attrs, client=...) -> {field: errors}: the create serializer's check of `input` (the
+    # kind's input serializer) and of whatever else of the request the kind refuses. Accepted, it sets
+    # attrs["input_as_sent"] (the body's hash is over it) and attrs["input"] (the cleaned input, stored).
+    accept_input: Callable
+    # worst_cases(jobs) -> Decimal: the most new runs of `jobs` (a QuerySet of this kind's jobs) may
+    # reserve, every call at its worst case, in a few statements whatever their number (an operator's
+    # retry preview: operators.operations.retry_worst_cases).
+    worst_cases: Callable
+    # answer(job, attempts) -> dict: the fields job_as_dict adds for this kind (a report's chapters).
+    answer: Callable = lambda job, attempts: {}
+    # text(job) -> str | None: a kind whose output is a text read at GET /v1/jobs/{id}/report (the sealed
+    # text, or None while there is none), not an object in the client's store. None: the output is an
+    # object in the store, read at GET /v1/jobs/{id}/output.
+    text: Callable | None = None
+    # timeline(job) -> facts | None: the kind's section of the operators' job page (operators.timeline
+    # calls it; operators sit above jobs and read this table), or None: the kind has no section.
+    timeline: Callable | None = None

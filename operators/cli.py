@@ -24,9 +24,9 @@ from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from accounts.models import Client
+from jobs.kinds import KINDS
 from jobs.models import Job, JobStatus
 from jobs.selectors import job_snapshot
-from jobs.workflow import RECIPES
 from operators.actions import ACTIONS, BY_NAME, Action
 from operators.models import OperatorAction
 from operators.operations import JobFilter, OperationRefused, Preview, action_preview, action_take, client_ids
@@ -255,8 +255,8 @@ def parse_since(since: str | None) -> datetime | None:
 
 def steps_in_recipe(kind: str) -> int:
     """How many named steps a run of this kind goes through (a report's chapters are counted apart)."""
-    recipe = RECIPES.get(kind)
-    return sum(len(stage.steps) for stage in recipe.stages) if recipe else 0
+    declared = KINDS.get(kind)
+    return sum(len(stage.steps) for stage in declared.recipe.stages) if declared else 0
 
 
 def follow(job: Job, *, stdout, stderr, as_json: bool, quiet: bool = False) -> str:

@@ -14,24 +14,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from types import SimpleNamespace
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Case, Count, F, JSONField, OuterRef, Q, QuerySet, Subquery, When
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import Client
-from billing import months, rates
+from billing import months
 from billing import services as billing
-from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 from executor.record import upstream_key_parts
-from jobs import reports
-from jobs.models import ChapterStatus, Job, JobKind, JobStatus, ReportChapter
+from jobs.kinds import KINDS
+from jobs.models import Job, JobKind, JobStatus
 from operators.actions import BY_NAME, Action
 from operators.models import OperatorAction, OperatorActionKind
 
@@ -188,42 +184,13 @@ def retry_worst_case(job: Job) -> Decimal:
 
 def retry_worst_cases(jobs: QuerySet) -> Decimal:
     """retry_worst_case summed over `jobs`, in a few statements whatever their number (a bulk retry's
-    preview over thousands of failed jobs answers at once: bench/admin.py). Media jobs are grouped by
-    chain and policy; reports are read in one statement with their chapters left counted beside each (the
-    match is a subquery, never a list of ids sent back)."""
+    preview over thousands of failed jobs answers at once: bench/admin.py): each kind sums its own
+    (jobs.workflow.Kind.worst_cases: media jobs grouped by chain and policy; reports read in one statement
+    with their chapters left counted beside each)."""
     total = Decimal("0.000000")
-    media = (jobs.filter(kind=JobKind.MEDIA).order_by().values("model_chain", "policy__attempts_per_model")
-             .annotate(jobs=Count("id")))
-    for group in media:
-        total += _media_worst_case(group["model_chain"], group["policy__attempts_per_model"]) * group["jobs"]
-    # One pass over the matched reports, each with its report row and its chapters left. A report that
-    # failed before its first step wrote the report row (rare) has everything still to write, from the
-    # job's input (read for those rows only).
-    left = (ReportChapter.objects.filter(report_id=OuterRef("id")).exclude(status=ChapterStatus.DONE)
-            .order_by().values("report_id").annotate(n=Count("id")).values("n"))
-    rows = (jobs.filter(kind=JobKind.REPORT).order_by()
-            .annotate(left=Coalesce(Subquery(left), 0), first_model=KeyTextTransform("0", "model_chain"),
-                      orphan_input=Case(When(report__isnull=True, then=F("input")), output_field=JSONField()))
-            .values_list("report__job_id", "report__subject", "report__chapter_keys", "report__synthesis", "left",
-                         "first_model", "orphan_input", "client_id"))
-    for has_row, subject, chapter_keys, synthesis, chapters_left, model, orphan_input, client_id in rows.iterator(
-            chunk_size=4 * CHUNK):
-        if has_row is None:
-            orphan_input = orphan_input or {}
-            subject, chapter_keys = orphan_input.get("subject"), list(orphan_input.get("chapters", []))
-            chapters_left = len(chapter_keys)
-        # Only what the prompts are made of: a model instance per row would cost more than its pricing.
-        report = SimpleNamespace(subject=subject, chapter_keys=chapter_keys, synthesis=synthesis)
-        total += reports.run_worst_case(report, model, chapters_left=chapters_left, client_id=client_id)
+    for name, kind in KINDS.items():
+        total += kind.worst_cases(jobs.filter(kind=name))
     return total
-
-
-def _media_worst_case(chain: list[str], attempts_per_model) -> Decimal:
-    """What a media run's retry may reserve: each model's worst case (no less than its drift floor, as the
-    reservation itself takes it) for each try."""
-    tries = attempts_per_model if attempts_per_model is not None else DEFAULT_ATTEMPTS_PER_MODEL
-    return sum((max(rates.worst_case(model), billing.reservation_floor(model)) * tries for model in chain),
-               Decimal("0.000000"))
 
 
 # --- acting ---------------------------------------------------------------------------------------------

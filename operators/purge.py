@@ -4,7 +4,7 @@ a report job's personal input, in one transaction, so a purge is done everywhere
 from django.db import transaction
 
 from executor.services import attempts_purge_requests
-from jobs.reports import reports_purge_input, reports_purgeable
+from jobs.kinds.report.reports import reports_purge_input, reports_purgeable
 from orders.services import orders_purge
 from webhooks.services import deliveries_redact_input
 

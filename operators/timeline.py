@@ -5,17 +5,16 @@ output, and its deliveries with each try, in time order, grouped by run. Read on
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
 from django.db.models import Case, Count, F, TextField, Value, When
-from django.utils import timezone
 
 from billing.models import Reservation
 from executor.models import STORED_OUTPUT, Attempt
 from executor.selectors import RunAttempts, attempts_by_run
-from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter, Step, StepStatus
-from jobs.reports import report_link
+from jobs.kinds import KINDS
+from jobs.models import Job, Step, StepStatus
 from orders.models import Order
 from webhooks.models import Delivery, DeliveryAttempt
 
@@ -171,7 +170,7 @@ def _attempts(rows: list[Attempt]) -> list[Entry]:
 
 def _reservations(job: Job, attempts: list[Attempt], reads: Reads) -> list[Entry]:
     """Found by key (billing keeps no index on the job: its hot path pays for none): each attempt's upstream
-    key, and each run's fan-out pool (jobs.recipes._pool)."""
+    key, and each run's fan-out pool (jobs.kinds.report.recipe._pool)."""
     runs = {a.upstream_key: a.run for a in attempts} | {f"fanout-{job.id}-{run}": run for run in range(1, job.run + 1)}
     entries = []
     for row in reads.newest(Reservation.objects.filter(key__in=list(runs)), "-created_at", "-id"):
@@ -267,57 +266,17 @@ def _error_code(result) -> str:
     return str(error.get("code", "")) if isinstance(error, dict) else ""
 
 
-@dataclass(frozen=True)
-class ReportFacts:
-    """What support needs of a report job: the link its buyer gets, where the mail goes and whether it
-    went, and its chapters done of total."""
-
-    link: str  # the /r/<token> page; "" before the report's first step made its row (the page would 404)
-    recipient: str  # the address its mail goes to: the order's email ("" once purged)
-    purged_at: datetime | None
-    order: Order | None  # the paid order that made it, if an order did
-    duplicates: list[Order]  # later payments for the same run and product: the link mailed again (mailed_to)
-    mail: str  # the delivery mail's state, in words
-    mail_state: str  # a css class, as Entry.state
-    chapters_done: int
-    chapters_total: int
-    not_done: list[ReportChapter]
-
-
-def report_facts(job: Job) -> ReportFacts | None:
-    """None unless a report job."""
-    if job.kind != JobKind.REPORT:
+def kind_facts(job: Job):
+    """The job's kind's section of the page (jobs.workflow.Kind.timeline: a report's link, recipient, mail
+    and chapters), with the paid order that made the job and its later duplicates, which the kind cannot
+    read (orders sit above jobs); None: the kind has no section."""
+    section = KINDS[job.kind].timeline
+    facts = section(job) if section is not None else None
+    if facts is None:
         return None
-    report = Report.objects.filter(job_id=job.id).first()
     order = Order.objects.filter(job_id=job.id).first()
     duplicates = list(Order.objects.filter(duplicate_of=order).order_by("created_at")) if order else []
-    if report is None:  # the first step writes it: until then, the job's input
-        data = job.input if isinstance(job.input, dict) else {}
-        return ReportFacts("", str(data.get("email", "")), None, order, duplicates,
-                           "nothing mailed: the report's first step has not run", "info", 0,
-                           len(data.get("chapters") or []), [])
-    chapters = list(report.chapters.order_by("position"))
-    mail, mail_state = _mail_state(job, report)
-    return ReportFacts(report_link(job.id), report.email, report.purged_at, order, duplicates, mail, mail_state,
-                       sum(1 for c in chapters if c.status == ChapterStatus.DONE), len(chapters),
-                       [c for c in chapters if c.status != ChapterStatus.DONE])
-
-
-def _mail_state(job: Job, report: Report) -> tuple[str, str]:
-    """The deliver step's record (jobs.recipes.deliver): mailed when, or why not yet."""
-    if report.delivered_at:
-        return f"mailed {_at(report.delivered_at)}", "ok"
-    if report.delivery_error:
-        if job.status == "succeeded":  # the deliver step gave up at REPORT_DELIVERY_DEADLINE_S
-            return f"not sent, given up: {report.delivery_error}", "bad"
-        return f"not sent yet, tried again with back-off: {report.delivery_error}", "wait"
-    if report.sealed_at:
-        return f"sealed {_at(report.sealed_at)}, not mailed yet", "wait"
-    return "not mailed: the report is not sealed (a chapter is not done)", "info"
-
-
-def _at(moment: datetime) -> str:
-    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
+    return replace(facts, order=order, duplicates=duplicates)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from django.utils import timezone
 from config.celery import app
 from executor import policy
 from jobs.errors import IdempotencyConflict
-from jobs.reports import report_mail_link
+from jobs.kinds.report.reports import report_mail_link
 from jobs.services import job_create, request_hash
 from orders.models import Order, OrderStatus
 

@@ -13,7 +13,6 @@ from enum import StrEnum
 from typing import Protocol
 
 from config.retry import parse_retry_after  # noqa: F401 (the adapters read Retry-After through here)
-from executor.models import ModelKind
 
 # A key's lifetime where the provider documents none: a day (Stripe's, and the common choice).
 DEFAULT_KEY_TTL_S = 24 * 3600.0
@@ -112,11 +111,6 @@ class ModelSpec:
     def name(self) -> str:
         return f"{self.provider}/{self.model}"
 
-    @property
-    def job_kind(self) -> str:
-        """The job kind this model can serve: media renders or report chapters."""
-        return job_kind_of(self.kind)
-
     def snapshot(self) -> dict:
         """The spec as an attempt keeps it (Attempt.spec): what waiting on, cancelling and settling the
         attempt need, whatever happens to the catalog after it went out. Its parameters are not kept:
@@ -132,11 +126,6 @@ class ModelSpec:
         capabilities["unpaid_statuses"] = frozenset(capabilities.get("unpaid_statuses") or ())
         return cls(kept["provider"], kept["model"], kept["kind"], kept["content_type"], kept["extension"],
                    Capabilities(**capabilities))
-
-
-def job_kind_of(kind: str) -> str:
-    """The job kind a model of this kind (video, image, text) serves."""
-    return "report" if kind == ModelKind.TEXT else "media"
 
 
 CAPABILITY_FIELDS = {each.name: each for each in dataclasses.fields(Capabilities)}

@@ -20,13 +20,14 @@ from django.utils.functional import cached_property
 
 from executor.models import Attempt
 from executor.store import client_store
-from jobs import reports, selectors
-from jobs.models import Job, JobKind, Report
+from jobs import selectors
+from jobs.kinds import KINDS
+from jobs.models import Job
 from operators import adminkit, operations
 from operators.actions import JOBS
 from operators.models import OperatorAction
 from operators.operations import JobFilter, OperationRefused, month_range
-from operators.timeline import SHOWN, job_summary, job_timeline, report_facts, timeline_by_run
+from operators.timeline import SHOWN, job_summary, job_timeline, kind_facts, timeline_by_run
 
 
 class CappedPaginator(Paginator):
@@ -230,7 +231,7 @@ class JobAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
         one = f"?id={job.id}"
         return TemplateResponse(request, "admin/jobs/job/timeline.html", {
             **self.admin_site.each_context(request), "title": f"Job {job.id}", "job": job, "opts": Job._meta,
-            "summary": summary, "report": report_facts(job),
+            "summary": summary, "report": kind_facts(job),  # the template's section is the report's
             "input_text": _json_shown(job.input), "metadata_text": _json_shown(job.metadata),
             "entries": entries, "runs": timeline_by_run(entries, summary), "older_left_out": older_left_out,
             "actions": [(reverse("admin:jobs_job_bulk", args=[action.name]) + one, action.verb)
@@ -241,8 +242,8 @@ class JobAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
         """The output file, for staff: the client's own store keys, as GET /v1/jobs/{id}/output serves it."""
         self._refuse_unless_viewer(request)
         job = Job.objects.filter(id=job_id).first()
-        if job is not None and job.kind == JobKind.REPORT:
-            return self._report_text(job)
+        if job is not None and KINDS[job.kind].text is not None:
+            return self._text(job)
         if job is None or not _output_key(job):
             raise Http404("No output.")
         store = client_store(job.client_id)
@@ -256,13 +257,13 @@ class JobAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
         return FileResponse(handle, content_type=job.output.get("content_type"))
 
     @staticmethod
-    def _report_text(job):
-        """A report's output is its sealed chapters (no store object): their Markdown, shown as text in
-        the browser (text/markdown would be a download), or 404 while it is not sealed."""
-        report = Report.objects.filter(job_id=job.id, sealed_at__isnull=False).first()
-        if report is None:
+    def _text(job):
+        """A kind whose output is a text (a report's sealed chapters: no store object): its Markdown, shown
+        as text in the browser (text/markdown would be a download), or 404 while it is not sealed."""
+        text = KINDS[job.kind].text(job)
+        if text is None:
             raise Http404("The report is not sealed.")
-        return HttpResponse(reports.as_markdown(report), content_type="text/plain; charset=utf-8")
+        return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
     # --- actions: on the selection, or on every job the filter matches ----------------------------------
 

@@ -2,6 +2,7 @@
 vendor, to the 6th decimal), the budget guard's reserve / settle / release, the fan-out pre-flight,
 month rollover, GET /v1/spend and the cap on the command line."""
 
+import dataclasses
 import json
 import uuid
 from datetime import datetime, timedelta
@@ -23,9 +24,10 @@ from executor.providers import openai_compat
 from executor.providers.anthropic import adapter as anthropic
 from executor.providers.sandbox.adapter import SandboxProvider
 from jobs import runner
+from jobs.kinds import KINDS
 from jobs.models import Job
 from jobs.outcomes import Done, FanOut, JobFailure, Resume, StepRetry, Stop
-from jobs.workflow import RECIPES, Effect, FanOutSpec, Recipe, Stage, StepSpec
+from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
 
@@ -358,7 +360,7 @@ def fanout_recipe() -> Recipe:
         services.fanout_release(key=f"fanout-{ctx.job.id}")
         return {"released": True}
 
-    return Recipe("report", (
+    return Recipe((
         Stage("preflight", (StepSpec("preflight", preflight, Effect.DB),)),
         Stage("units", fanout=FanOutSpec("unit", keys=lambda ctx: UNITS, fn=unit)),
         Stage("join", (StepSpec("join", join, Effect.DB),)),
@@ -366,7 +368,7 @@ def fanout_recipe() -> Recipe:
 
 
 def fanout_job(monkeypatch, client) -> Job:
-    monkeypatch.setitem(RECIPES, "report", fanout_recipe())
+    monkeypatch.setitem(KINDS, "report", dataclasses.replace(KINDS["report"], recipe=fanout_recipe()))
     job = job_of(client)
     Job.objects.filter(id=job.id).update(kind="report")
     job.refresh_from_db()

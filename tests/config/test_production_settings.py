@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import override_settings
 
 from jobs.models import Report
-from jobs.reports import link_token
+from jobs.kinds.report.reports import link_token
 from jobs.services import client_create
 from tests.support.commands import run_django
 from tests.support.engine import media_job

@@ -17,7 +17,7 @@ from standardwebhooks.webhooks import Webhook
 
 from config.mail import EmailBackend as ConsoleEmailBackend
 from config.startup import DEVELOPMENT_SECRET_KEY
-from jobs.reports import report_link
+from jobs.kinds.report.reports import report_link
 from sandbox.callbacks import DEFAULT_SECRET as SANDBOX_DEVELOPMENT_SECRET
 from tests.support.procs import REPO_ROOT, ProcfileProcess, free_port, procfile_command, process_env
 from tests.support.reports import report_body

@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from jobs.reports import link_token
+from jobs.kinds.report.reports import link_token
 from jobs.services import client_create
 from tests.support.browser import chromium
 from tests.support.http_api import HttpApi

@@ -16,7 +16,8 @@ from executor import services as executor
 from executor.models import STORED_OUTPUT, Attempt
 from executor.providers import http
 from executor.store import client_store
-from jobs import recipes, runner, services
+from jobs import runner, services
+from jobs.kinds import media
 from jobs.models import Job, JobStatus, Step
 from jobs.serializers import JobCreateSerializer
 from tests.support.openai_images import PATH, PNG
@@ -99,17 +100,17 @@ class WorkerDied(Exception):
 def test_a_store_step_run_again_after_the_write_succeeds_without_asking_the_provider(openai, api, monkeypatch,
                                                                                      bytes_cleared):
     # Given: the image is stored, and the worker dies before the commit that marks the store step done
-    # (the job's end: jobs.recipes.finish), so the store step runs again on the next pass.
+    # (the job's end: jobs.kinds.media.finish), so the store step runs again on the next pass.
     job = image_job(api)
     real_finish = services.job_finish
 
     def die(**kwargs):
         raise WorkerDied
 
-    monkeypatch.setattr(recipes.services, "job_finish", die)
+    monkeypatch.setattr(media.services, "job_finish", die)
     with pytest.raises(WorkerDied):
         run(job)
-    monkeypatch.setattr(recipes.services, "job_finish", real_finish)
+    monkeypatch.setattr(media.services, "job_finish", real_finish)
     assert client_store(job.client_id).head(job.output_key).complete  # written, ...
     assert not Step.objects.filter(job=job, name="store_output").exists()  # ... not marked done
     [attempt] = Attempt.objects.filter(job=job)
@@ -130,7 +131,7 @@ def test_a_store_step_run_again_after_the_write_succeeds_without_asking_the_prov
 
 
 def job_stage(job: Job) -> str:
-    return recipes.MEDIA.stages[runner.resume_point(job)].name
+    return media.RECIPE.stages[runner.resume_point(job)].name
 
 
 def test_a_wait_result_written_with_the_bytes_in_it_is_still_stored(openai, api, monkeypatch):
@@ -142,10 +143,10 @@ def test_a_wait_result_written_with_the_bytes_in_it_is_still_stored(openai, api,
     def die(*args):
         raise WorkerDied
 
-    monkeypatch.setattr(recipes.executor, "media_store", die)
+    monkeypatch.setattr(media.executor, "media_store", die)
     with pytest.raises(WorkerDied):
         run(job)
-    monkeypatch.setattr(recipes.executor, "media_store", real_store)
+    monkeypatch.setattr(media.executor, "media_store", real_store)
     [attempt] = Attempt.objects.filter(job=job)
     wait = Step.objects.get(job=job, name="wait")
     old = {key: value for key, value in wait.result.items() if key != "output_on_attempt"}

@@ -154,7 +154,7 @@ def chapter_statements(credentials: dict, key: str) -> list[str]:
 
 
 def test_a_report_chapter_costs_five_write_commits_and_fifteen_statements(ledger):
-    """One chapter (jobs.recipes.write_chapter): one LLM call whose reservation is drawn from the fan-out's
+    """One chapter (jobs.kinds.report.recipe.write_chapter): one LLM call whose reservation is drawn from the fan-out's
     pool, the chapter kept, the step marked done:
 
     | # | statement | commit |

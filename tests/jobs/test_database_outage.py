@@ -16,7 +16,7 @@ from django.test import Client as DjangoClient
 
 from jobs import events
 from jobs.models import Job
-from jobs.reports import link_token
+from jobs.kinds.report.reports import link_token
 from tests.conftest import media_body
 from tests.support.callbacks import signed
 

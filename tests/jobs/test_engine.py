@@ -1,6 +1,7 @@
 """The durable step runner and the sweeper, driven directly (task bodies, no broker), against real
 PostgreSQL and the sandbox provider over HTTP."""
 
+import dataclasses
 import time
 import uuid
 from datetime import timedelta
@@ -9,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from executor import services as executor_services
-from jobs import runner, services, sweeper, workflow
+from jobs import runner, services, sweeper
+from jobs.kinds import KINDS
 from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.outcomes import Continue, Done, FanOut, Later, Resume, Stop
 from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
@@ -256,11 +258,11 @@ def test_fan_out_runs_substeps_once_and_resumes_only_the_missing(api, monkeypatc
     def seal(ctx):
         return {"chapters": [ctx.result(f"chapter-{key}")["text"] for key in "abc"]}
 
-    recipe = Recipe("report", (
+    recipe = Recipe((
         Stage("chapters", fanout=FanOutSpec("chapter", keys=lambda ctx: ["a", "b", "c"], fn=chapter)),
         Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
     ))
-    monkeypatch.setitem(workflow.RECIPES, "report", recipe)
+    monkeypatch.setitem(KINDS, "report", dataclasses.replace(KINDS["report"], recipe=recipe))
     job = new_job(api)
     Job.objects.filter(id=job.id).update(kind="report")
     job.refresh_from_db()

@@ -4,7 +4,7 @@ one transaction."""
 
 import pytest
 
-from jobs import reports
+from jobs.kinds.report import reports
 from jobs.steps import DoneMark
 
 

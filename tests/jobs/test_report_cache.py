@@ -12,7 +12,7 @@ from decimal import Decimal
 import pytest
 
 from executor.models import Attempt
-from jobs.reports import scope_tag
+from jobs.kinds.report.reports import scope_tag
 from tests.support.reports import CHAPTERS, SUBJECT, llm_calls, report_body
 from tests.support.books import assert_books_balance
 

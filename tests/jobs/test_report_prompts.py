@@ -1,13 +1,13 @@
 """A cached prefix is one client's (issue 37, finding 6): the block a report marks for caching starts with a
 line only that client's requests carry, so a provider's cache (per organisation, and payonce is one)
-never serves one client's prefix to another. The prompts as jobs.reports builds them, cut where a
+never serves one client's prefix to another. The prompts as jobs.kinds.report.reports builds them, cut where a
 provider's cache cuts them (the sandbox's own rule, Anthropic's: the prompt up to the breakpoint), and
 compared the way OpenAI's automatic cache compares them (the longest shared beginning). No database: the
 report is an unsaved row."""
 
 import uuid
 
-from jobs import reports
+from jobs.kinds.report import reports
 from jobs.models import Report
 from sandbox import catalog
 

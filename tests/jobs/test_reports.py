@@ -108,7 +108,7 @@ def test_a_resumed_report_asks_only_for_the_missing_chapters_and_keeps_the_rest_
     from django.utils import timezone
 
     from executor import services as executor_services
-    from jobs import reports
+    from jobs.kinds.report import reports
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     job = report_job(api)

@@ -246,7 +246,7 @@ def assert_report_says_what_the_record_says(page, url, job_id) -> dict:
     """A report job's page: the link its buyer gets (naming this report), the recipient (the order's
     email), and its chapters done of total, as the database has them."""
     from jobs.models import ReportChapter
-    from jobs.reports import report_from_token
+    from jobs.kinds.report.reports import report_from_token
     from orders.models import Order
 
     link = page.locator("[data-testid=report-link]").get_attribute("href")

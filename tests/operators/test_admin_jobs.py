@@ -311,7 +311,7 @@ def test_the_job_page_opens_with_each_runs_attempts_paid_cost_and_outcome(admin_
 
 def test_a_report_jobs_page_shows_its_link_recipient_mail_and_chapters_done_of_total(admin_client):
     from jobs.models import Report
-    from jobs.reports import chapter_save, report_from_token, report_load
+    from jobs.kinds.report.reports import chapter_save, report_from_token, report_load
     from orders.models import Order
     from orders.services import order_create
     from tests.support.admin import make_client, media_job

@@ -17,7 +17,7 @@ from django.db import transaction
 from accounts.models import Client
 from executor.store import client_store
 from jobs.models import Job, JobStatus
-from jobs.reports import report_load
+from jobs.kinds.report.reports import report_load
 from jobs.services import client_create, job_create, job_finish
 from operators.models import OperatorAction
 from orders.models import Order

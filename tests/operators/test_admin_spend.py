@@ -25,7 +25,7 @@ from billing import services
 from billing.selectors import month_spend
 from executor.models import Attempt, AttemptState
 from jobs.models import Job, JobStatus
-from jobs.reports import report_load
+from jobs.kinds.report.reports import report_load
 from operators.models import OperatorAction
 from operators.operations import preview_jobs
 from orders.models import Order

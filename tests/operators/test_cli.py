@@ -22,7 +22,8 @@ from accounts.models import Client
 from billing import services as billing
 from billing.selectors import month_spend
 from executor.models import Attempt
-from jobs import reports, selectors
+from jobs import selectors
+from jobs.kinds.report import reports
 from jobs.models import Job, JobStatus
 from jobs.services import client_create, job_finish
 from operators.models import OperatorAction

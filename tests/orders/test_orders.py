@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from jobs.models import Job, Report
-from jobs.reports import report_from_token
+from jobs.kinds.report.reports import report_from_token
 from operators.models import OperatorAction
 from orders.models import Order
 from tests.support.books import assert_books_balance

@@ -1,13 +1,6 @@
-"""Recipes: a job's kind names its ordered steps (docs/design.md, "How a job runs: durable steps").
-
-`media`: check the output key, mark running, submit | wait | store output, finish. Three stages, so
-three messages: steps that only touch the database or read run inline in one task, each still its own
-`Step` row; a message is needed only where the job waits on the provider. (The budget's worst case is
-reserved with each attempt's intent: executor.record.intend.)
-
-`report`: mark running, load the input, synthesis, the budget pre-flight | one step per chapter, in
-parallel | seal | deliver, finish (docs/design.md, "Reports and orders").
-"""
+"""The report kind's recipe (docs/design.md, "Reports and orders"): mark running, load the input,
+synthesis, the budget pre-flight | one step per chapter, in parallel | seal | deliver, finish. Its state
+changes are jobs.kinds.report.reports'."""
 
 from datetime import timedelta
 
@@ -15,88 +8,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from billing import services as billing
-from executor import cancel, llm, record, render
-from executor import services as executor
-from jobs import reports, services
+from executor import llm
+from jobs import services
+from jobs.kinds.common import mark_running
+from jobs.kinds.report import reports
 from jobs.models import JobStatus
 from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
-from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec, recipe_register
-
-
-def mark_running(ctx) -> dict:
-    return {"started": services.job_mark_running(job_id=ctx.job.id)}
-
-
-def check_output(ctx) -> dict:
-    output = executor.output_check(ctx.job)
-    return {"exists": output is not None, "output": output}
-
-
-def submit(ctx) -> dict:
-    if ctx.result("check_output")["exists"]:
-        return {"skipped": True}  # this job's output is already stored: nothing to pay for
-    # The job was loaded knowing whether it has any attempt (jobs.selectors.job_with_steps).
-    accepted = render.submit(ctx.job, done=ctx.done_mark, none_yet=not getattr(ctx.job, "has_attempts", True))
-    ctx.handoff["submit"] = accepted  # the wait, run next in this execution, starts from it
-    return record.accepted(accepted)
-
-
-def wait(ctx) -> dict:
-    if ctx.result("submit").get("skipped"):
-        return {"skipped": True}
-    return render.wait(ctx.job, attempt=ctx.handoff.get("submit"), rung=ctx.rung, done=ctx.done_mark)
-
-
-def wait_ready(ctx, mark) -> tuple[dict, bool | None] | None:
-    if ctx.result("submit").get("skipped"):
-        return {"skipped": True}, None
-    return render.finish_answered(ctx.job, ctx.handoff.get("submit"), mark)
-
-
-def store_output(ctx) -> dict:
-    existing = ctx.result("check_output")
-    if existing["exists"]:
-        return {"output": existing["output"]}
-    return {"output": executor.media_store(ctx.job, ctx.result("wait"))}
-
-
-def finish(ctx) -> dict:
-    output = ctx.result("store_output")["output"]
-    # The store step's done mark commits with this step (jobs.runner defers a read's mark to the next
-    # transaction): the attempt lets go of its inline bytes in that same commit.
-    executor.media_stored(ctx.job, ctx.result("wait") or {}, output)
-    won = services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=output)
-    return {"won": won}
-
-
-def cancel_upstream(ctx) -> float | None:
-    return cancel.cancel_current(ctx.job)
-
-
-MEDIA = recipe_register(
-    Recipe(
-        kind="media",
-        stages=(
-            Stage("prepare", (
-                # The read first: then marking the job running, the read's done mark and the submit's
-                # lease are one transaction (jobs.runner).
-                StepSpec("check_output", check_output, Effect.READ),
-                StepSpec("mark_running", mark_running, Effect.DB),
-                StepSpec("submit", submit, Effect.EXTERNAL),
-            )),
-            Stage("wait", (StepSpec("wait", wait, Effect.WAIT, ready=wait_ready),)),
-            # Writing the output is create-only and idempotent for this job, so it needs no lease.
-            Stage("finish", (
-                StepSpec("store_output", store_output, Effect.READ),
-                StepSpec("finish", finish, Effect.DB),
-            )),
-        ),
-        on_cancel=cancel_upstream,
-    )
-)
-
-
-# --- report ------------------------------------------------------------------------------------------------
+from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 
 
 def _model(ctx) -> str:
@@ -225,23 +143,20 @@ def finish_report(ctx) -> dict:
     return {"won": services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=output)}
 
 
-REPORT = recipe_register(
-    Recipe(
-        kind="report",
-        stages=(
-            Stage("prepare", (
-                StepSpec("mark_running", mark_running, Effect.DB),
-                StepSpec("load", load_report, Effect.DB),
-                StepSpec("synthesis", synthesis, Effect.EXTERNAL),
-                StepSpec("preflight", preflight, Effect.DB),
-            )),
-            Stage("chapters", fanout=FanOutSpec("chapter", keys=chapter_keys, fn=write_chapter, lead=warmup_chapter)),
-            Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
-            Stage("deliver", (
-                StepSpec("verdict", verdict, Effect.DB),
-                StepSpec("deliver", deliver, Effect.EXTERNAL),
-                StepSpec("finish", finish_report, Effect.DB),
-            )),
-        ),
-    )
+RECIPE = Recipe(
+    stages=(
+        Stage("prepare", (
+            StepSpec("mark_running", mark_running, Effect.DB),
+            StepSpec("load", load_report, Effect.DB),
+            StepSpec("synthesis", synthesis, Effect.EXTERNAL),
+            StepSpec("preflight", preflight, Effect.DB),
+        )),
+        Stage("chapters", fanout=FanOutSpec("chapter", keys=chapter_keys, fn=write_chapter, lead=warmup_chapter)),
+        Stage("seal", (StepSpec("seal", seal, Effect.DB),)),
+        Stage("deliver", (
+            StepSpec("verdict", verdict, Effect.DB),
+            StepSpec("deliver", deliver, Effect.EXTERNAL),
+            StepSpec("finish", finish_report, Effect.DB),
+        )),
+    ),
 )

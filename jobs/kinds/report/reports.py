@@ -111,7 +111,7 @@ def synthesis_messages(report: Report, *, client_id) -> list[dict]:
 
 
 # Providers cache no prefix shorter than this (Anthropic: 1,024 tokens for most models; OpenAI: 1,024):
-# below it the chapters gain nothing from waiting on a first one (jobs.recipes.warmup_chapter).
+# below it the chapters gain nothing from waiting on a first one (jobs.kinds.report.recipe.warmup_chapter).
 CACHE_MIN_TOKENS = 1024
 
 
