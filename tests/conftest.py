@@ -16,7 +16,7 @@ from django.test import Client as DjangoClient
 from jobs.services import client_create
 from tests.support import redis_server
 from tests.support.procs import ProcfileProcess, free_port
-from tests.support.sandbox import SandboxProcess
+from tests.support.sandbox import SandboxPortTaken, SandboxProcess
 
 
 def pytest_unconfigure(config):
@@ -35,8 +35,19 @@ basehttp.WSGIServer.request_queue_size = 128
 
 @pytest.fixture(scope="session")
 def sandbox():
-    process = SandboxProcess(port=urlsplit(settings.SANDBOX_URL).port)
-    process.start()
+    """The session's sandbox on SANDBOX_URL's port; on another free port if a process took that one since
+    tests/settings.py chose it (what this process and those it starts use follows)."""
+    for tries_left in (2, 1, 0):
+        process = SandboxProcess(port=urlsplit(settings.SANDBOX_URL).port)
+        try:
+            process.start()
+            break
+        except SandboxPortTaken:
+            process.stop()
+            process.cleanup()
+            if not tries_left:
+                raise
+            settings.SANDBOX_URL = os.environ["SANDBOX_URL"] = f"http://127.0.0.1:{free_port()}"
     yield process
     process.stop()
     process.cleanup()

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.support.procs import free_port
-from tests.support.sandbox import SandboxProcess
+from tests.support.sandbox import SandboxPortTaken, SandboxProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -687,3 +687,17 @@ def test_supervisor_gives_up_when_the_port_is_taken():
         finally:
             process.stop()
             process.cleanup()
+
+
+def test_a_second_sandbox_given_a_taken_port_says_so_instead_of_sharing_the_first_ones_ledger():
+    # The suite's session sandbox depends on this (tests/conftest.py): two test workers on one port would
+    # read and reset each other's ledger.
+    with SandboxProcess() as first:
+        second = SandboxProcess(port=first.port)
+        try:
+            with pytest.raises(SandboxPortTaken, match=f"answers on port {first.port}"):
+                second.start()
+        finally:
+            second.stop()
+            second.cleanup()
+        assert first.health()["ok"] is True

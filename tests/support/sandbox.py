@@ -20,6 +20,10 @@ import requests
 from tests.support.procs import REPO_ROOT, free_port
 
 
+class SandboxPortTaken(RuntimeError):
+    """Another sandbox answers on the port this one was given."""
+
+
 class SandboxProcess:
     """The sandbox supervisor on its own loopback port and its own state directory."""
 
@@ -67,12 +71,31 @@ class SandboxProcess:
                     f"sandbox exited with {self.proc.returncode} before answering:\n{self.output()}"
                 )
             try:
-                return self.health(timeout=1)
+                health = self.health(timeout=1)
             except requests.RequestException:
                 pass
+            else:
+                if not self._answered_by_ours(health):
+                    raise SandboxPortTaken(f"another sandbox (pid {health.get('pid')}) answers on port {self.port}")
+                return health
             if time.monotonic() > deadline:
                 raise RuntimeError(f"sandbox did not answer /healthz within {timeout}s:\n{self.output()}")
             time.sleep(0.05)
+
+    def _answered_by_ours(self, health: dict) -> bool:
+        """Whether the server that answered /healthz is this supervisor's child. A port free when it was
+        chosen can be taken before the server binds it (by another test worker's sandbox, say): our server
+        then dies at once, the supervisor starts it again, and the other sandbox answers in its place, so
+        two workers would share one ledger without a word."""
+        pid = health.get("pid")
+        if self.proc is None or pid is None:
+            return True
+        try:
+            parent = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True,
+                                    timeout=5).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # no `ps` to ask: the answer is taken as ours, as before this check
+        return parent == str(self.proc.pid)
 
     def stop(self) -> int | None:
         """SIGTERM the supervisor (it stops its server), SIGKILL after 5 s; returns the exit code."""
