@@ -30,7 +30,8 @@ def assert_books_balance(ledger) -> list[dict]:
         metadata = charge.get("metadata") or {}
         key = metadata.get("upstream_key")
         attempt = attempts.get(key)
-        assert attempt is not None, f"a charge with no attempt row: {charge}"
+        assert attempt is not None, (f"a charge with no attempt row: {charge}; the attempts: {sorted(attempts)}; "
+                                     f"the sandbox's calls since its reset: {ledger.calls()}")
         if charge.get("request_id") is not None:
             assert charge["request_id"] == key, ("request_id and upstream_key disagree", charge)
         assert (attempt.provider, attempt.model) == ("sandbox", charge["model"]), (attempt, charge)

@@ -13,8 +13,9 @@ and hides from it what it costs. This plugin fails such a test, naming what it s
 
 Left out: the session's sandbox and SMTP server (tests/conftest.py), each one process started once and
 shared like PostgreSQL and Redis (the engine and money tests that drive the runner in this process,
-tests/support/engine.py, talk to that sandbox without being end to end); and `git`, which only reads
-the repository.
+tests/support/engine.py, talk to that sandbox without being end to end); `git`, which only reads
+the repository; and `ps`, with which a sandbox started or restarted checks that the server answering on its
+port is its own (tests/support/sandbox.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import pytest
 
 SHARED_SERVICES = frozenset({"sandbox", "smtp_server"})  # session-scoped fixtures of tests/conftest.py
-NOT_A_PROCESS_OF_PAYONCE = frozenset({"git"})
+NOT_A_PROCESS_OF_PAYONCE = frozenset({"git", "ps"})
 
 _lock = threading.Lock()
 _item = None

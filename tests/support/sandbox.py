@@ -90,11 +90,15 @@ class SandboxProcess:
         pid = health.get("pid")
         if self.proc is None or pid is None:
             return True
-        try:
-            parent = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True,
-                                    timeout=5).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return True  # no `ps` to ask: the answer is taken as ours, as before this check
+        try:  # Linux says it in /proc; elsewhere (macOS) `ps` does
+            with open(f"/proc/{pid}/stat") as stat:
+                parent = stat.read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            try:
+                parent = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True,
+                                        timeout=5).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                return True  # no `ps` to ask: the answer is taken as ours, as before this check
         return parent == str(self.proc.pid)
 
     def stop(self) -> int | None:
