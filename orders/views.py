@@ -10,8 +10,8 @@ from rest_framework.views import APIView
 
 from jobs.selectors import own_job
 from jobs.kinds.report.kind import ReportInputSerializer
-from jobs.serializers import StrictRegexField, StrictSerializer, bounded_json, job_as_dict
-from jobs.views import ERROR_SCHEMA, read_json_body
+from jobs.api.serializers import StrictRegexField, StrictSerializer, bounded_json, job_as_dict
+from jobs.api.views import ERROR_SCHEMA, read_json_body
 from orders import services
 from orders.models import Order
 

@@ -26,9 +26,7 @@ from executor.registry import OUTPUT_CONTENT_TYPES
 from executor.services import store_error_is_permanent
 from executor.store import client_store
 from jobs import selectors, services
-from jobs.kinds import KINDS
-from jobs.kinds.report import reports
-from jobs.errors import (
+from jobs.api.errors import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
     InvalidRequest,
@@ -44,10 +42,12 @@ from jobs.errors import (
     error_body,
     method_not_allowed,
 )
+from jobs.api.pagination import MAX_LIMIT, job_page
+from jobs.api.serializers import JobCreateSerializer, JobSerializer
+from jobs.kinds import KINDS
+from jobs.kinds.report import reports
 from jobs.markdown import to_html
 from jobs.models import Job, JobStatus, Report
-from jobs.pagination import MAX_LIMIT, job_page
-from jobs.serializers import JobCreateSerializer, JobSerializer
 
 # 1 to 255 visible ASCII characters (docs/design.md, "One key and one body are one job"). The schema's form (ECMA
 # anchors); the code matches the whole string (\A...\Z: `$` would also match before a final newline).
