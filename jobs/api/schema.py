@@ -4,11 +4,19 @@ complete what drf-spectacular sees, and the views that serve the document and it
 import copy
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import inline_serializer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from jobs.api.errors import ERROR_CODES
+
+# The body of every error answer, as the operations' responses name it (jobs.api.views, orders.views).
+ERROR_SCHEMA = inline_serializer(
+    "Error",
+    {"error": inline_serializer("ErrorBody", {"code": serializers.CharField(), "message": serializers.CharField()})},
+)
 
 
 class BearerAPIKeyScheme(OpenApiAuthenticationExtension):
