@@ -21,7 +21,7 @@ class Client(models.Model):
     monthly_cap_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
-    # A Client is what DRF's request.user is for API calls (jobs.auth).
+    # A Client is what DRF's request.user is for API calls (jobs.api.auth).
     is_authenticated = True
     is_anonymous = False
 

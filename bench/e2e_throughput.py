@@ -150,9 +150,11 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobs import outcomes, runner, services
+    from jobs import services
+
+    from jobs.engine import outcomes, runner
     from accounts.models import ClientAPIKey
-    from jobs.serializers import JobCreateSerializer
+    from jobs.api.serializers import JobCreateSerializer
 
     prefix = credentials["api_key"].partition(".")[0]
     serializer = JobCreateSerializer(data=BODY)

@@ -38,8 +38,8 @@ def main() -> None:
     from executor import render
     from executor.models import Attempt
     from executor.providers.sandbox.adapter import SandboxProvider
+    from jobs.engine.outcomes import StepRetry
     from jobs.models import Job
-    from jobs.outcomes import StepRetry
 
     inside = [0.0]
     for name in ("submit", "poll", "fetch", "lookup", "upload_input"):

@@ -26,6 +26,9 @@ app.conf.task_queues = (Queue("jobs", _default, routing_key="jobs"), Queue("webh
 app.conf.task_default_exchange = ""
 app.conf.task_default_routing_key = "jobs"
 app.autodiscover_tasks()
+# Autodiscovery looks for `<app>.tasks`; the jobs tasks live in the engine's room (jobs/engine/tasks.py),
+# so name that package too, or a worker would start without them and drop every job message it is sent.
+app.autodiscover_tasks(["jobs.engine"])
 
 
 @signals.setup_logging.connect

@@ -41,7 +41,7 @@ COUNTERS = {
                      "Rows a periodic sweep could not act on: each is logged and skipped, and the pass goes on."),
     "lease_takeovers": ("kind", ("media", "report"),
                         "Steps taken over from another holder whose lease ran out (its worker died or stalled), "
-                        "by job kind: the logs' step.taken_over lines (jobs.steps._log_claim)."),
+                        "by job kind: the logs' step.taken_over lines (jobs.engine.steps._log_claim)."),
 }
 HASH_KEY = "payonce:metrics:counters"
 # A counter is never worth a stall: a Redis that does not answer at once is left alone this long.

@@ -204,12 +204,12 @@ WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 1000, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = max(JOB_BODY_MAX_BYTES, REQUEST_BODY_MAX_BYTES, 2_621_440)
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.auth.BearerAPIKeyAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.api.auth.BearerAPIKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "jobs.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "jobs.api.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 
@@ -228,8 +228,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"JobStatus": "jobs.models.JobStatus", "JobKind": "jobs.models.JobKind",
                             "OrderStatus": ["paid", "duplicate"]},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "jobs.schema.report_fields_are_optional", "jobs.schema.event_stream_path",
-                             "jobs.schema.api_errors"],
+                             "jobs.api.schema.report_fields_are_optional", "jobs.api.schema.event_stream_path",
+                             "jobs.api.schema.api_errors"],
 }
 
 # Where links to outputs point (job JSON, webhooks). The API serves filesystem-store outputs itself.
@@ -368,7 +368,7 @@ SSE_INTERVAL_S = env_float("SSE_INTERVAL_S", 1.2, minimum=0.05)
 SSE_MAX_S = env_float("SSE_MAX_S", 600.0, minimum=1.0)
 # At most this many open streams per client, counted across every web process (leases in CACHE_URL's
 # Redis; without one, per process), and per web process whoever opens them; one more is 429
-# TOO_MANY_STREAMS (jobs.streams). 200 a process: tests/jobs/test_events.py holds 200 open on two cores while
+# TOO_MANY_STREAMS (jobs.api.streams). 200 a process: tests/jobs/test_events.py holds 200 open on two cores while
 # the API still answers; each costs a snapshot read every SSE_INTERVAL_S.
 SSE_MAX_PER_CLIENT = env_int("SSE_MAX_PER_CLIENT", 20, minimum=1)
 SSE_MAX_PER_PROCESS = env_int("SSE_MAX_PER_PROCESS", 200, minimum=1)

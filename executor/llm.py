@@ -18,7 +18,7 @@ from executor import policy, record, services
 from executor.models import Attempt, AttemptState
 from executor.providers.base import ProviderError
 from executor.record import Money
-from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
+from jobs.engine.outcomes import JobErrorCode, JobFailure, StepRetry
 
 
 def worst_case(model_name: str, *, system: str, messages: list[dict], max_tokens: int) -> Decimal:
@@ -38,7 +38,7 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
 
     A pass reads the step's earlier attempts first: one that succeeded is the answer (no call, no pay).
     One still `submitting` belongs to an execution that is gone: the caller holds the step's lease
-    (jobs.steps), so it took the step over from a dead worker. Its call may have been paid and nothing
+    (jobs.engine.steps), so it took the step over from a dead worker. Its call may have been paid and nothing
     can tell: it becomes uncertain with its reservation kept as spent, counts as a try, and the rule for
     cheap calls pays again under the next key."""
     max_tokens = policy.llm_max_tokens(max_tokens)

@@ -11,9 +11,9 @@ from enum import StrEnum
 
 from config.retry import backoff_s
 from executor.providers.base import ErrorClass
-from jobs.outcomes import JobErrorCode
+from jobs.engine.outcomes import JobErrorCode
 
-# A job's policy where the request says nothing (jobs.serializers.PolicySerializer's defaults).
+# A job's policy where the request says nothing (jobs.api.serializers.PolicySerializer's defaults).
 DEFAULT_ATTEMPTS_PER_MODEL = 3
 DEFAULT_FALLBACK_ON = ("exhausted", "unavailable")
 # How often a run may pay again automatically after a paid attempt failed, when the policy does not say.

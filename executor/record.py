@@ -28,7 +28,7 @@ from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAI
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
-from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
+from jobs.engine.outcomes import JobErrorCode, JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def end(attempt: Attempt, state: str, *, expect: str, money: Money, in_commit: C
     ended the attempt (the done mark of the step the end finishes). False, and nothing moved, when the
     attempt had moved on already (the row is re-read)."""
     fields = end_fields(attempt, money=money, fields=fields)
-    # No savepoint inside a caller's transaction (jobs.runner's ready wait): it all commits or none does.
+    # No savepoint inside a caller's transaction (jobs.engine.runner's ready wait): it all commits or none does.
     with transaction.atomic(savepoint=False):
         if not update(attempt, expect=expect, state=state, **fields):
             return False

@@ -177,7 +177,7 @@ def _kind_suits(provider: str, kind: str, below: ModelSpec | None) -> None:
     """A model keeps the call the layers below give it (a video model declared `text` would be sent a
     report's chapters, and a job naming it would be priced as neither), and its adapter must make that
     kind: a text model is a `complete` call, a video or image model a `submit`. (Which job kind a model
-    kind serves is jobs' word, jobs.workflow.Kind.model_kinds: the executor sits below jobs.)"""
+    kind serves is jobs' word, jobs.engine.workflow.Kind.model_kinds: the executor sits below jobs.)"""
     call = _call(kind)
     if below is not None and call != _call(below.kind):
         raise ValueError(f"kind: {below.name} makes {below.kind}, not {kind} (a `{_call(below.kind)}` model stays one)")

@@ -17,7 +17,7 @@ and resolving an attempt whose send's outcome is unknown (docs/design.md, "Where
 Each function does one transition and returns, or raises StepRetry to be called again later: no call
 blocks a worker for a back-off. They run inside a step that holds a lease, so one execution at a time
 moves a job's attempts; every row change is still conditional on the state it expects, and a change
-that finds the row moved on re-reads it and acts on what it says. The step's done mark (jobs.steps.
+that finds the row moved on re-reads it and acts on what it says. The step's done mark (jobs.engine.steps.
 DoneMark) is handed in as `done`, so the write that records the provider's acceptance, or the attempt's
 success, carries it: one commit for both.
 """
@@ -43,7 +43,7 @@ from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError, WorkStatus
 from executor.record import Money
 from executor.registry import model_spec, provider_params
-from jobs.outcomes import JobErrorCode, JobFailure, JobHold, NotYet, StepRetry
+from jobs.engine.outcomes import JobErrorCode, JobFailure, JobHold, NotYet, StepRetry
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | N
     """The wait of an attempt whose submit answer carried the finished work, as this execution had it
     accepted a moment ago (`attempt`, handed over by the submit step): no poll and no lease needed. The
     attempt's end (succeeded), its settle and the wait step's done mark (`mark(result, when=...)`,
-    jobs.steps.step_done_cte) are one statement: the settle and the mark only if the end changed the row
+    jobs.engine.steps.step_done_cte) are one statement: the settle and the mark only if the end changed the row
     (conditional on `running`, so a cancel that ended it meanwhile wins). Returns (result, whether the
     mark was written); None when there is no such attempt in hand, or when the end lost (the attempt is
     read again, and the wait step looks at it as usual).

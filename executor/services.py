@@ -15,7 +15,7 @@ from executor.providers import http, provider_for
 from executor.providers.base import ProviderError
 from executor.registry import model_spec
 from executor.store import ClientStore, OutputKeyTaken, StoredObject, client_store
-from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
+from jobs.engine.outcomes import JobErrorCode, JobFailure, StepRetry
 
 logger = logging.getLogger(__name__)
 

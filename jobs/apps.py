@@ -6,4 +6,4 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self):
-        from jobs import schema  # noqa: F401  (register the OpenAPI auth extension)
+        from jobs.api import schema  # noqa: F401  (register the OpenAPI auth extension)

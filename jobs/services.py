@@ -19,11 +19,12 @@ from config.logs import log_event
 from executor.callbacks import Wake
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql, uncertain_upstream_keys
-from jobs import chain, selectors
-from jobs.errors import IdempotencyConflict, OutputKeyConflict
+from jobs import selectors
+from jobs.api.errors import IdempotencyConflict, OutputKeyConflict
+from jobs.api.serializers import job_as_dict
+from jobs.engine import chain
+from jobs.engine.outcomes import JobErrorCode
 from jobs.models import OPEN_STATUSES, Job, JobStatus, StepStatus
-from jobs.outcomes import JobErrorCode
-from jobs.serializers import job_as_dict
 from webhooks import services as webhooks
 from webhooks.models import WebhookEvent
 
@@ -341,7 +342,7 @@ def job_wake(*, job_id, run: int, step: str, claim) -> Wake:
 
 
 def _enqueue_safely(enqueue, *args) -> None:
-    """Call an enqueueing function of jobs.chain; a broker that is down loses nothing (the row is the
+    """Call an enqueueing function of jobs.engine.chain; a broker that is down loses nothing (the row is the
     truth, and the sweeper recovers it)."""
     try:
         enqueue(*args)

@@ -340,7 +340,7 @@ def change_line(before: dict | None, after: dict, total_steps: int) -> str:
 
 
 def end_lines(job: dict) -> list[str]:
-    """What a person reads when a followed job stops (job: jobs.serializers.job_as_dict)."""
+    """What a person reads when a followed job stops (job: jobs.api.serializers.job_as_dict)."""
     cost = job["cost"]
     lines = [f"Job {job['id']} {job['status']} (run {job['run']}), cost ${cost['total_usd']}"
              + (f" and {cost['unpriced_attempts']} unpriced attempt(s)" if cost["unpriced_attempts"] else "")]

@@ -26,7 +26,7 @@ from billing.months import month_of
 from billing.selectors import clients_month_spend
 from config.metrics import COUNTERS, OTHER, counters
 from executor.providers.base import ErrorClass
-from jobs.errors import error_body, method_not_allowed
+from jobs.api.errors import error_body, method_not_allowed
 from jobs.models import JobKind, JobStatus
 from webhooks.models import DeliveryStatus
 
@@ -46,7 +46,7 @@ SELECT provider || '/' || model, state, coalesce(error_class, ''), count(*)
 """
 _JOBS_SQL = "SELECT status, kind, count(*) FROM jobs_job GROUP BY status, kind"
 _DELIVERIES_SQL = "SELECT status, count(*) FROM webhooks_delivery GROUP BY status"
-# A step's `attempts` counts the claims of its lease (jobs.steps.step_claim): every claim beyond the first
+# A step's `attempts` counts the claims of its lease (jobs.engine.steps.step_claim): every claim beyond the first
 # took it over from a holder whose lease ran out (a dead or stalled worker), or took it back under the
 # same task or chain (after a back-off, between two polls of a wait). The row keeps no more than that.
 _TAKEOVERS_SQL = "SELECT coalesce(sum(attempts - 1), 0) FROM jobs_step WHERE attempts > 1"

@@ -185,7 +185,7 @@ def retry_worst_case(job: Job) -> Decimal:
 def retry_worst_cases(jobs: QuerySet) -> Decimal:
     """retry_worst_case summed over `jobs`, in a few statements whatever their number (a bulk retry's
     preview over thousands of failed jobs answers at once: bench/admin.py): each kind sums its own
-    (jobs.workflow.Kind.worst_cases: media jobs grouped by chain and policy; reports read in one statement
+    (jobs.engine.workflow.Kind.worst_cases: media jobs grouped by chain and policy; reports read in one statement
     with their chapters left counted beside each)."""
     total = Decimal("0.000000")
     for name, kind in KINDS.items():

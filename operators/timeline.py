@@ -116,7 +116,7 @@ def _steps(job: Job, reads: Reads) -> list[Entry]:
             entries.append(Entry(step.finished_at, "step", f"step {step.name} {step.status}",
                                  _STATE.get(step.status, "info"), [("run", step.run)],
                                  text=_short(step.result) if step.status != "done" else "", run=step.run,
-                                 # A step written done in the statement that claimed it (jobs.steps' marks,
+                                 # A step written done in the statement that claimed it (jobs.engine.steps' marks,
                                  # several in one statement) ends right after its own claim.
                                  order=_order("step claimed", step.id, 1) if step.finished_at == step.started_at
                                  else _order("step finished", step.id)))
@@ -267,7 +267,7 @@ def _error_code(result) -> str:
 
 
 def kind_facts(job: Job):
-    """The job's kind's section of the page (jobs.workflow.Kind.timeline: a report's link, recipient, mail
+    """The job's kind's section of the page (jobs.engine.workflow.Kind.timeline: a report's link, recipient, mail
     and chapters), with the paid order that made the job and its later duplicates, which the kind cannot
     read (orders sit above jobs); None: the kind has no section."""
     section = KINDS[job.kind].timeline

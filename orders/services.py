@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from config.celery import app
 from executor import policy
-from jobs.errors import IdempotencyConflict
+from jobs.api.errors import IdempotencyConflict
 from jobs.kinds.report.reports import report_mail_link
 from jobs.services import job_create, request_hash
 from orders.models import Order, OrderStatus
@@ -42,7 +42,7 @@ def order_job_key(payment_id: str) -> str:
     """The idempotency key of a paid order's report job: a namespace of its own, which no client's key
     can reach, made from a hash of the whole payment id.
 
-    A client's Idempotency-Key is 1 to 255 visible ASCII characters (jobs.views): never a space, so a key
+    A client's Idempotency-Key is 1 to 255 visible ASCII characters (jobs.api.views): never a space, so a key
     with a space in it is never one a client sent (once it was `order:<payment id>`: a client's own
     `order:X` blocked payment X). The hash covers the whole payment id (once cut at 255 characters, two
     long ids differing only at their end were one key: a 409). Jobs made under the old keys keep them:

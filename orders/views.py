@@ -8,10 +8,11 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.selectors import own_job
+from jobs.api.parsers import read_json_body
+from jobs.api.schema import ERROR_SCHEMA
+from jobs.api.serializers import StrictRegexField, StrictSerializer, bounded_json, job_as_dict
 from jobs.kinds.report.kind import ReportInputSerializer
-from jobs.serializers import StrictRegexField, StrictSerializer, bounded_json, job_as_dict
-from jobs.views import ERROR_SCHEMA, read_json_body
+from jobs.selectors import own_job
 from orders import services
 from orders.models import Order
 

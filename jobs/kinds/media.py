@@ -24,11 +24,11 @@ from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL
 from executor.registry import input_problems
 from executor.store import KEY_MAX_CHARS, key_problem
 from jobs import services
+from jobs.api.serializers import StrictCharField, StrictSerializer
+from jobs.engine.workflow import Effect, Kind, Recipe, Stage, StepSpec
 from jobs.kinds.common import mark_running
 from jobs.models import JobKind, JobStatus
 from jobs.selectors import succeeded_output_keys
-from jobs.serializers import StrictCharField, StrictSerializer
-from jobs.workflow import Effect, Kind, Recipe, Stage, StepSpec
 
 
 def check_output(ctx) -> dict:
@@ -66,7 +66,7 @@ def store_output(ctx) -> dict:
 
 def finish(ctx) -> dict:
     output = ctx.result("store_output")["output"]
-    # The store step's done mark commits with this step (jobs.runner defers a read's mark to the next
+    # The store step's done mark commits with this step (jobs.engine.runner defers a read's mark to the next
     # transaction): the attempt lets go of its inline bytes in that same commit.
     executor.media_stored(ctx.job, ctx.result("wait") or {}, output)
     won = services.job_finish(job_id=ctx.job.id, status=JobStatus.SUCCEEDED, output=output)
@@ -81,7 +81,7 @@ RECIPE = Recipe(
     stages=(
         Stage("prepare", (
             # The read first: then marking the job running, the read's done mark and the submit's
-            # lease are one transaction (jobs.runner).
+            # lease are one transaction (jobs.engine.runner).
             StepSpec("check_output", check_output, Effect.READ),
             StepSpec("mark_running", mark_running, Effect.DB),
             StepSpec("submit", submit, Effect.EXTERNAL),
@@ -157,7 +157,7 @@ class MediaInputSerializer(serializers.Serializer):
 
 
 def accept_input(attrs: dict, *, client) -> dict:
-    """The create serializer's check of a media job's `input` (jobs.workflow.Kind.accept_input)."""
+    """The create serializer's check of a media job's `input` (jobs.engine.workflow.Kind.accept_input)."""
     media_input = MediaInputSerializer(data=attrs["input"], context={"models": attrs["models"]})
     if not media_input.is_valid():
         return {"input": media_input.errors}
@@ -190,7 +190,7 @@ def foreign_references(references: list[dict], client) -> list[dict]:
 
 def worst_cases(jobs) -> Decimal:
     """What new runs of these media jobs may reserve: grouped by chain and policy, each model of the chain
-    tried attempts_per_model times at its worst case (jobs.workflow.Kind.worst_cases)."""
+    tried attempts_per_model times at its worst case (jobs.engine.workflow.Kind.worst_cases)."""
     total = Decimal("0.000000")
     groups = jobs.order_by().values("model_chain", "policy__attempts_per_model").annotate(jobs=Count("id"))
     for group in groups:

@@ -23,11 +23,11 @@ from executor.models import Attempt
 from executor.providers import openai_compat
 from executor.providers.anthropic import adapter as anthropic
 from executor.providers.sandbox.adapter import SandboxProvider
-from jobs import runner
+from jobs.engine import runner
+from jobs.engine.outcomes import Done, FanOut, JobFailure, Resume, StepRetry, Stop
+from jobs.engine.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from jobs.kinds import KINDS
 from jobs.models import Job
-from jobs.outcomes import Done, FanOut, JobFailure, Resume, StepRetry, Stop
-from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
 

@@ -122,7 +122,7 @@ def test_fields_come_from_the_context_and_extra_wins():
 
 
 def test_a_task_logs_with_its_arguments_named_like_fields():
-    from jobs.tasks import run_stage
+    from jobs.engine.tasks import run_stage
     from webhooks.tasks import deliver
 
     logs.task_context_start(run_stage, ("j-task", 4, "prepare"), {"rung": True})
@@ -208,8 +208,9 @@ def make_attempt(job: Job, number: int, step: str = "submit", **fields) -> Attem
 def test_each_state_change_logs_one_event_with_its_ids():
     from executor import cancel, record
     from executor.record import Money
-    from jobs import services, sweeper
-    from jobs.steps import Claim, StepContext, step_claim, step_reload
+    from jobs import services
+    from jobs.engine import sweeper
+    from jobs.engine.steps import Claim, StepContext, step_claim, step_reload
     from webhooks.services import delivery_replay
 
     # Deliveries are written (and purged below, never sent); a polling client's would not be.
@@ -433,5 +434,5 @@ def test_celerys_lines_about_the_periodic_tasks_are_debug_and_everything_else_ke
     assert passes(*failed) == (True, "ERROR")
     paid_work = ("celery.worker.strategy", logging.INFO, "Task %s[%s] received", "jobs.run_stage", task_id)
     assert passes(*paid_work) == (True, "INFO")
-    a_sweeper_line = ("jobs.sweeper", logging.INFO, "sweeper.recovered jobs.sweep[")
+    a_sweeper_line = ("jobs.engine.sweeper", logging.INFO, "sweeper.recovered jobs.sweep[")
     assert passes(*a_sweeper_line) == (True, "INFO")

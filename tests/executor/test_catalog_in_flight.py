@@ -17,9 +17,9 @@ from billing.models import Reservation
 from executor import cancel, record, registry
 from executor.llm import llm_call
 from executor.models import Attempt, AttemptState, ModelConfig
-from jobs import runner
+from jobs.engine import runner
+from jobs.engine.outcomes import JobFailure, Later
 from jobs.models import Job
-from jobs.outcomes import JobFailure, Later
 from jobs.services import job_cancel
 from tests.conftest import media_body, purge_queue
 from tests.support.waiting import wait_for

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from executor.models import Attempt
 from executor.store import client_store
-from jobs import runner
+from jobs.engine import runner
+from jobs.engine.outcomes import Stop
 from jobs.models import Job, Step
-from jobs.outcomes import Stop
 from tests.conftest import HOOK_URL, media_body
 from tests.support.books import assert_books_balance
 from webhooks.models import Delivery

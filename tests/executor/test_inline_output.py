@@ -16,10 +16,11 @@ from executor import services as executor
 from executor.models import STORED_OUTPUT, Attempt
 from executor.providers import http
 from executor.store import client_store
-from jobs import runner, services
+from jobs import services
+from jobs.api.serializers import JobCreateSerializer
+from jobs.engine import runner
 from jobs.kinds import media
 from jobs.models import Job, JobStatus, Step
-from jobs.serializers import JobCreateSerializer
 from tests.support.openai_images import PATH, PNG
 from tests.support.replay_server import ReplayServer
 
@@ -118,7 +119,7 @@ def test_a_store_step_run_again_after_the_write_succeeds_without_asking_the_prov
     if bytes_cleared:  # as a store step whose clear had committed apart from its mark would leave it
         executor.media_stored(job, Step.objects.get(job=job, name="wait").result, {"key": job.output_key})
 
-    # When: the run resumes where it stopped (jobs.runner.resume_point: the finish stage).
+    # When: the run resumes where it stopped (jobs.engine.runner.resume_point: the finish stage).
     job.refresh_from_db()
     run(job, stage=job_stage(job))
 

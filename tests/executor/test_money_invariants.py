@@ -23,9 +23,9 @@ from executor import cancel, record, render
 from executor.models import Attempt, AttemptState
 from executor.providers.base import Submission
 from executor.record import Money
+from jobs.engine.outcomes import Continue, Done, Later, StepRetry, Stop
+from jobs.engine.steps import StepContext, step_end_failed
 from jobs.models import Job, Step
-from jobs.outcomes import Continue, Done, Later, StepRetry, Stop
-from jobs.steps import StepContext, step_end_failed
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
 
@@ -331,7 +331,7 @@ def test_an_uncertain_attempt_holds_its_run_even_when_the_hold_never_reached_the
     # Found by the storm (tests/chaos): a worker marked a blind render's attempt uncertain and died before
     # writing the job's hold; the sweeper's next pass went on to attempt 2, and the same render was paid
     # twice in one run without anyone deciding to.
-    from jobs.outcomes import JobHold
+    from jobs.engine.outcomes import JobHold
 
     job = new_job(api, models=("sandbox/image-blind",))
     Attempt.objects.create(job=job, run=job.run, number=1, provider="sandbox", model="image-blind", step="submit",
@@ -358,7 +358,7 @@ def test_a_pass_deciding_from_a_stale_attempt_steps_back_instead_of_failing_the_
     assert Job.objects.get(id=job.id).status not in ("failed",)
     # With no attempt after it, the same decision is the model's last try spent: the chain is over.
     Attempt.objects.filter(job=job, number=2).update(state=AttemptState.FAILED)
-    from jobs.outcomes import JobFailure
+    from jobs.engine.outcomes import JobFailure
 
     with pytest.raises(JobFailure):
         render._next_model(job, Attempt.objects.get(job=job, number=2))

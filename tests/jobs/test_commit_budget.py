@@ -17,9 +17,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.models import Client, ClientAPIKey
-from jobs import outcomes, runner, services
+from jobs import services
+from jobs.api.serializers import JobCreateSerializer
+from jobs.engine import outcomes, runner
 from jobs.models import JobStatus
-from jobs.serializers import JobCreateSerializer
 from tests.conftest import HOOK_URL
 from tests.support.openai_images import PATH as OPENAI_IMAGES_PATH
 from tests.support.books import assert_books_balance

@@ -1,5 +1,5 @@
 """The database away (PostgreSQL restarting or unreachable) is `503 DATABASE_UNAVAILABLE` with
-`Retry-After` on every endpoint, DRF's views and the plain Django ones alike (jobs.errors): a passing
+`Retry-After` on every endpoint, DRF's views and the plain Django ones alike (jobs.api.errors): a passing
 outage the caller waits out and sends again, never a 500.
 
 The outage is PostgreSQL's own words at the cursor: every statement of every connection, in every thread,
@@ -14,9 +14,9 @@ from django.db import OperationalError, connection
 from django.db.backends.utils import CursorWrapper
 from django.test import Client as DjangoClient
 
-from jobs import events
-from jobs.models import Job
+from jobs.api import events
 from jobs.kinds.report.reports import link_token
+from jobs.models import Job
 from tests.conftest import media_body
 from tests.support.callbacks import signed
 

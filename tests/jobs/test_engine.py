@@ -10,11 +10,12 @@ import pytest
 from django.utils import timezone
 
 from executor import services as executor_services
-from jobs import runner, services, sweeper
+from jobs import services
+from jobs.engine import runner, sweeper
+from jobs.engine.outcomes import Continue, Done, FanOut, Later, Resume, Stop
+from jobs.engine.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from jobs.kinds import KINDS
 from jobs.models import Job, JobStatus, Step, StepStatus
-from jobs.outcomes import Continue, Done, FanOut, Later, Resume, Stop
-from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from tests.conftest import HOOK_URL, concurrently, media_body
 from webhooks.models import Delivery
 

@@ -1,7 +1,7 @@
-"""Every error code the API answers with is in jobs.errors.ERROR_CODES (the OpenAPI document's
+"""Every error code the API answers with is in jobs.api.errors.ERROR_CODES (the OpenAPI document's
 `ErrorCode` enum, from which the client libraries take their error classes) and in docs/api.md's table,
 and the list holds no code nothing answers with. Likewise a job's own codes (`job.error.code`):
-jobs.outcomes.JobErrorCode is docs/api.md's table of them, and no code is written as a string."""
+jobs.engine.outcomes.JobErrorCode is docs/api.md's table of them, and no code is written as a string."""
 
 import ast
 import re
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import errors
-from jobs.outcomes import JobErrorCode, JobFailure
+from jobs.api import errors
+from jobs.engine.outcomes import JobErrorCode, JobFailure
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ("config", "jobs", "orders", "executor", "webhooks", "billing", "accounts")
@@ -89,7 +89,7 @@ def test_every_answer_of_the_callbacks_endpoint_is_in_its_table_and_in_every_err
         assert [row for row in rows if row[1].strip() == str(status) and f"`{code}`" in row[2]], (status, code)
 
 
-# --- a job's own error codes (job.error.code): jobs.outcomes.JobErrorCode ----------------------------------
+# --- a job's own error codes (job.error.code): jobs.engine.outcomes.JobErrorCode ----------------------------------
 
 def _job_code_table() -> set[str]:
     text = (ROOT / "docs" / "api.md").read_text()
@@ -106,12 +106,12 @@ def test_docs_job_error_code_table_is_the_enum():
 
 def test_no_job_error_code_is_a_string_literal_and_every_code_is_raised_somewhere():
     # A code written as a string (a JobFailure's, a policy table's, an `error` dict's) is one the enum
-    # does not hold the documents to. jobs/errors.py answers OUTPUT_KEY_CONFLICT of its own: the API's
+    # does not hold the documents to. jobs/api/errors.py answers OUTPUT_KEY_CONFLICT of its own: the API's
     # 409 of the same name, at submit (ERROR_CODES).
     literals, used = [], set()
     for app in APPS + ("operators",):
         for path in (ROOT / app).rglob("*.py"):
-            if "migrations" in path.parts or path == ROOT / "jobs" / "outcomes.py":
+            if "migrations" in path.parts or path == ROOT / "jobs" / "engine" / "outcomes.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Constant) and node.value in JobErrorCode.__members__.values():
@@ -121,7 +121,7 @@ def test_no_job_error_code_is_a_string_literal_and_every_code_is_raised_somewher
                         and node.value.id == "JobErrorCode"):
                     used.add(node.attr)
     assert literals == []
-    # INTERNAL_INPUT_ERROR is raised through JobInputError.CODE (jobs.outcomes itself).
+    # INTERNAL_INPUT_ERROR is raised through JobInputError.CODE (jobs.engine.outcomes itself).
     assert set(JobErrorCode.__members__) - used == {"INTERNAL_INPUT_ERROR"}
 
 

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from jobs import services
+from jobs.api.serializers import JobCreateSerializer, PolicySerializer
 from jobs.models import Job
-from jobs.serializers import JobCreateSerializer, PolicySerializer
 from orders import services as order_services
 from orders.models import Order
 from orders.views import OrderCreateSerializer

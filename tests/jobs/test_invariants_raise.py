@@ -4,8 +4,8 @@ one transaction."""
 
 import pytest
 
+from jobs.engine.steps import DoneMark
 from jobs.kinds.report import reports
-from jobs.steps import DoneMark
 
 
 def test_a_done_mark_in_the_works_transaction_refuses_to_run_outside_one():

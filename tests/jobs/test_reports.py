@@ -242,7 +242,7 @@ def test_a_mail_outage_after_the_seal_leaves_the_report_sealed_and_it_is_deliver
     mail_outage.start()  # mail comes back
     # The delivery's next try comes after its back-off (about a second), taken back by the task that backed
     # off; not after its lease ran out (STEP_LEASE_S), as when the pause was handed to another task that
-    # found the step held (jobs.runner._hand_over).
+    # found the step held (jobs.engine.runner._hand_over).
     engine.run_job(job_id, timeout=MAIL_STEP_LEASE_S / 2)
     job = api.job(job_id)
 

@@ -12,7 +12,7 @@ from django.db import DataError, IntegrityError, OperationalError, connection, t
 from django.utils import timezone
 
 from config.db import db_error_recurs
-from jobs import runner, sweeper
+from jobs.engine import runner, sweeper
 from jobs.models import Job, JobStatus, Step, StepStatus
 from jobs.services import client_create
 from orders.models import Order

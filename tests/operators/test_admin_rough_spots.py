@@ -162,7 +162,7 @@ def test_a_refusal_in_the_admin_is_an_admin_page_naming_the_permission_and_the_a
     refused = viewer.post("/admin/jobs/job/", {"action": "retry_selected", "_selected_action": []})
     assert refused.status_code == 403 and "retry_selected" in refused.content.decode()
     # Outside the admin a refusal is still the API's JSON (the project's handler403).
-    from jobs.errors import json_permission_denied
+    from jobs.api.errors import json_permission_denied
     from django.test import RequestFactory
     answer = json_permission_denied(RequestFactory().get("/v1/jobs"))
     assert answer.status_code == 403 and json.loads(answer.content)["error"]["code"] == "FORBIDDEN"
@@ -196,7 +196,7 @@ def test_the_timeline_keeps_the_order_of_one_instant_and_the_page_shows_input_me
     # Two transactions' instants: every row below shares one of them (PostgreSQL's now()).
     at, end = job.created_at + timedelta(seconds=1), job.created_at + timedelta(seconds=2)
     Job.objects.filter(id=job.id).update(started_at=at)
-    # Two steps written done in one statement (jobs.steps' marks: claimed and done at once), then the
+    # Two steps written done in one statement (jobs.engine.steps' marks: claimed and done at once), then the
     # step that sends the attempts, done at the same instant as they end.
     for name in ("check_output", "mark_running"):
         Step.objects.create(job=job, run=1, name=name, status=StepStatus.DONE, started_at=at, finished_at=at)

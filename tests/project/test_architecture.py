@@ -1,5 +1,5 @@
 """The apps form a one-way stack (docs/architecture.md): an app imports only the apps below it, the one
-port of an upper app a lower one may import is the runner's vocabulary (jobs/outcomes.py, which imports
+port of an upper app a lower one may import is the runner's vocabulary (jobs/engine/outcomes.py, which imports
 nothing of payonce's), and an import inside a function says on its line why it is there. An `ast` walk of
 every module of every app, migrations included.
 
@@ -32,7 +32,7 @@ STACK = {
 }
 # Modules of an upper app that a lower app may import: each imports nothing of payonce's, so no cycle
 # can pass through it.
-PORTS = {"jobs.outcomes"}
+PORTS = {"jobs.engine.outcomes"}
 OURS = set(STACK) | {"sandbox"}
 
 
@@ -50,9 +50,10 @@ def imports(path: Path, source: str | None = None) -> list[tuple[str, int, bool,
             if isinstance(child, ast.Import):
                 names = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                # `from jobs import outcomes` imports the module jobs.outcomes
-                names = [f"{child.module}.{alias.name}" if child.module in OURS else child.module
-                         for alias in child.names]
+                # `from jobs.engine import outcomes` imports the module jobs.engine.outcomes: from one of
+                # payonce's packages, the names imported are taken for its modules
+                package = child.module.split(".")[0] in OURS and (REPO_ROOT / child.module.replace(".", "/")).is_dir()
+                names = [f"{child.module}.{alias.name}" if package else child.module for alias in child.names]
             else:
                 names = []
             for name in names:
@@ -128,8 +129,9 @@ def test_the_walk_finds_an_arrow_back_and_an_unexplained_import_planted_in_a_mod
     assert unexplained_inner_imports(billing, planted) == [
         "billing/services.py:4 imports executor.services inside a function, without a reason"]
     executor = REPO_ROOT / "executor" / "attempts.py"
-    assert arrows_back(executor, "from jobs.outcomes import StepRetry\nfrom jobs import outcomes\n") == []
+    assert arrows_back(executor, "from jobs.engine.outcomes import StepRetry\nfrom jobs.engine import outcomes\n") == []
     assert arrows_back(executor, "from jobs import services\n") == ["executor/attempts.py:1 imports jobs.services"]
+    assert arrows_back(executor, "from jobs.engine import runner\n") == ["executor/attempts.py:1 imports jobs.engine.runner"]
 
 
 def test_no_invariant_is_an_assert_statement():

@@ -46,7 +46,7 @@ def test_every_status_the_built_sql_compares_with_exists():
     from executor import selectors as executor_selectors
     from jobs import selectors as jobs_selectors
     from jobs import services as jobs_services
-    from jobs import steps
+    from jobs.engine import steps
     from webhooks import services as webhooks_services
 
     built = [

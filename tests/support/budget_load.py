@@ -42,8 +42,8 @@ def load(plan_path: str, index: int, result_path: str) -> None:
     import redis
 
     from executor import render
+    from jobs.engine.outcomes import JobFailure, NotYet
     from jobs.models import Job
-    from jobs.outcomes import JobFailure, NotYet
 
     plan = json.loads(Path(plan_path).read_text())
     processes = plan["processes"]

@@ -7,7 +7,7 @@ in-process driver of the suite (docs/testing.md, "The pyramid").
   `jobs.run_substep`, `jobs.stop_upstream` from the API's create, retry and cancel, a provider's wake and
   the tasks themselves; an order's duplicate mail) goes to a queue of the engine's instead of the broker;
   a task of another process's queue (`webhooks.*`) goes out as before;
-- a message is run by the task's own body (jobs.tasks) under a Celery request with the message's id,
+- a message is run by the task's own body (jobs.engine.tasks) under a Celery request with the message's id,
   root id, chain and retries, so the task's own `_follow` turns the runner's outcome into messages (the
   next link, the same task again after a back-off, a fan-out's group, a new chain), and the chain's
   next link is sent when a task returns with its chain left, as Celery's tracer does;
@@ -36,7 +36,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from config.celery import app
-from jobs import chain, runner, tasks
+from jobs.engine import chain, runner, tasks
 from jobs.models import Job, JobStatus
 from tests.support.http_api import HttpApi
 
@@ -70,7 +70,7 @@ class Message:
 
 @dataclass(frozen=True)
 class Ran:
-    """One message run: the task, its arguments, and what the runner answered it (jobs.outcomes)."""
+    """One message run: the task, its arguments, and what the runner answered it (jobs.engine.outcomes)."""
 
     message: Message
     outcome: object

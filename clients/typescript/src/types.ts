@@ -1,7 +1,7 @@
 /**
  * The public types: aliases of payonce's own OpenAPI document (clients/openapi.json, generated into
  * ./schema.ts by `npm run gen:types`), so they follow the server. A few shapes the document can only
- * state as text (an event frame's JSON data) are written here, after jobs/schema.py.
+ * state as text (an event frame's JSON data) are written here, after jobs/api/schema.py.
  */
 
 import type { components, operations } from "./schema.js";
@@ -41,7 +41,7 @@ export interface JobSnapshot {
   cost: { total_usd: string; unpriced_attempts: number };
 }
 
-/** One server-sent event of `jobs.events`. */
+/** One server-sent event of `jobs.api.events`. */
 export interface JobEvent {
   /** The frame's `id:` (a snapshot frame's version); `undefined` for `end`, which carries none. */
   id: string | undefined;

@@ -1,4 +1,4 @@
-"""The report kind, declared (jobs.workflow.Kind): its input, its answer, its text, what a retry may reserve,
+"""The report kind, declared (jobs.engine.workflow.Kind): its input, its answer, its text, what a retry may reserve,
 and its section of the operators' job page. Its recipe is jobs.kinds.report.recipe; its state changes
 jobs.kinds.report.reports."""
 
@@ -17,11 +17,11 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from executor.models import ModelKind
+from jobs.api.serializers import METADATA_MAX_BYTES, StrictCharField, StrictSerializer
+from jobs.engine.workflow import Kind
 from jobs.kinds.report import reports
 from jobs.kinds.report.recipe import RECIPE
 from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter
-from jobs.serializers import METADATA_MAX_BYTES, StrictCharField, StrictSerializer
-from jobs.workflow import Kind
 
 # --- the input -----------------------------------------------------------------------------------------------
 
@@ -60,7 +60,7 @@ class ReportInputSerializer(StrictSerializer):
 
 
 def accept_input(attrs: dict, *, client) -> dict:
-    """The create serializer's check of a report's `input`; a report has no output key (jobs.workflow.Kind)."""
+    """The create serializer's check of a report's `input`; a report has no output key (jobs.engine.workflow.Kind)."""
     report_input = ReportInputSerializer(data=attrs["input"])
     if not report_input.is_valid():
         return {"input": report_input.errors}
@@ -156,7 +156,7 @@ class ReportFacts:
 
 
 def report_facts(job: Job) -> ReportFacts | None:
-    """The report's section of the operators' job page (jobs.workflow.Kind.timeline)."""
+    """The report's section of the operators' job page (jobs.engine.workflow.Kind.timeline)."""
     report = Report.objects.filter(job_id=job.id).first()
     if report is None:  # the first step writes it: until then, the job's input
         data = job.input if isinstance(job.input, dict) else {}

@@ -10,11 +10,11 @@ from django.utils import timezone
 from billing import services as billing
 from executor import llm
 from jobs import services
+from jobs.engine.outcomes import JobErrorCode, JobFailure, StepRetry
+from jobs.engine.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 from jobs.kinds.common import mark_running
 from jobs.kinds.report import reports
 from jobs.models import JobStatus
-from jobs.outcomes import JobErrorCode, JobFailure, StepRetry
-from jobs.workflow import Effect, FanOutSpec, Recipe, Stage, StepSpec
 
 
 def _model(ctx) -> str:

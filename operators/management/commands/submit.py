@@ -9,10 +9,10 @@ from django.conf import settings
 from rest_framework.exceptions import ValidationError
 
 from jobs import services
-from jobs.errors import ApiError, IdempotencyKeyInvalid, PayloadTooLarge, api_exception_handler
+from jobs.api.errors import ApiError, IdempotencyKeyInvalid, PayloadTooLarge, api_exception_handler
+from jobs.api.serializers import JobCreateSerializer, job_as_dict
+from jobs.api.views import IDEMPOTENCY_KEY_PATTERN
 from jobs.models import Job, JobStatus
-from jobs.serializers import JobCreateSerializer, job_as_dict
-from jobs.views import IDEMPOTENCY_KEY_PATTERN
 from operators import cli
 
 
@@ -50,7 +50,7 @@ class Command(cli.OperatorCommand):
             if size > settings.JOB_BODY_MAX_BYTES:
                 limit = settings.JOB_BODY_MAX_BYTES
                 raise PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit_bytes=limit)
-            # What the view does (jobs.views.JobListCreateView.post), with the same refusals.
+            # What the view does (jobs.api.views.JobListCreateView.post), with the same refusals.
             serializer = JobCreateSerializer(data=body, client=client)
             serializer.is_valid(raise_exception=True)
             job, created = services.job_create(client=client, idempotency_key=key, data=serializer.validated_data)
@@ -101,7 +101,7 @@ class Command(cli.OperatorCommand):
         return body
 
     def refuse_like_the_api(self, exc, *, as_json: bool):
-        """The API's own answer to this error (jobs.errors.api_exception_handler): its code, message and
+        """The API's own answer to this error (jobs.api.errors.api_exception_handler): its code, message and
         fields, on stderr; exit 2. Nothing was written."""
         error = api_exception_handler(exc, {}).data["error"]
         if as_json:

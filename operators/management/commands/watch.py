@@ -3,8 +3,8 @@ jobs.selectors.job_snapshot; so does this), with a live bar on a terminal, until
 
 import uuid
 
+from jobs.api.serializers import job_as_dict
 from jobs.models import Job, JobStatus
-from jobs.serializers import job_as_dict
 from operators import cli
 
 

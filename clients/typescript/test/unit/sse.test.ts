@@ -17,7 +17,7 @@ async function collect(chunks: (string | Uint8Array)[]) {
   return events;
 }
 
-// What payonce's jobs/events.py writes: frames, a keep-alive comment, then `event: end` without an id.
+// What payonce's jobs/api/events.py writes: frames, a keep-alive comment, then `event: end` without an id.
 const PAYONCE = [
   'id: 1796228416165841\ndata: {"status":"running","run":1}\n\n',
   ": keep-alive\n\n",

@@ -16,9 +16,9 @@ from datetime import datetime
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from executor.selectors import attempts_for
-from jobs.errors import InvalidRequest
+from jobs.api.errors import InvalidRequest
+from jobs.api.serializers import job_as_dict
 from jobs.selectors import job_list_rows
-from jobs.serializers import job_as_dict
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200

@@ -11,10 +11,10 @@ Two ways to say "not now", both raised by a step and both turned into the stage'
 work is not done, and its schedule says when to look). `Continue(countdown)` and `Later(countdown)` are
 what the runner answers the chain: the next stage after a pause, or this one again.
 
-What running a stage answers, and what the task does with it (jobs.chain.start_run sends one message for
+What running a stage answers, and what the task does with it (jobs.engine.chain.start_run sends one message for
 a run's first stage and carries the later stages as the links of Celery's own `chain` field;
-`jobs.runner.run_stage` runs its stage and then the following stages inline, for as long as none has to
-wait; jobs.tasks._follow does the rest):
+`jobs.engine.runner.run_stage` runs its stage and then the following stages inline, for as long as none has to
+wait; jobs.engine.tasks._follow does the rest):
 
 | answer | the runner means | the task does |
 | --- | --- | --- |
@@ -127,7 +127,7 @@ class Stop:
     """Nothing more for this chain: the job ended, moved on to another run, or someone else carries it."""
 
     reason: str
-    again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.tasks.stop_upstream)
+    again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.engine.tasks.stop_upstream)
 
 
 class Kept(StrEnum):

@@ -29,7 +29,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from jobs.errors import TooManyStreams
+from jobs.api.errors import TooManyStreams
 
 logger = logging.getLogger(__name__)
 

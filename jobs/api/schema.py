@@ -4,15 +4,23 @@ complete what drf-spectacular sees, and the views that serve the document and it
 import copy
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import inline_serializer
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from jobs.errors import ERROR_CODES
+from jobs.api.errors import ERROR_CODES
+
+# The body of every error answer, as the operations' responses name it (jobs.api.views, orders.views).
+ERROR_SCHEMA = inline_serializer(
+    "Error",
+    {"error": inline_serializer("ErrorBody", {"code": serializers.CharField(), "message": serializers.CharField()})},
+)
 
 
 class BearerAPIKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.auth.BearerAPIKeyAuthentication"
+    target_class = "jobs.api.auth.BearerAPIKeyAuthentication"
     name = "BearerAuth"
 
     def get_security_definition(self, auto_schema):
@@ -132,8 +140,8 @@ CALLBACK_OPERATION = {
 
 def event_stream_path(result, generator, request, public):
     """drf-spectacular postprocessing hook: the two routes that are plain Django views, so drf-spectacular
-    does not see them: GET /v1/jobs/{job_id}/events (jobs.events) and POST /v1/callbacks/{provider}
-    (jobs.views.provider_callback)."""
+    does not see them: GET /v1/jobs/{job_id}/events (jobs.api.events) and POST /v1/callbacks/{provider}
+    (jobs.api.views.provider_callback)."""
     paths = result.setdefault("paths", {})
     paths["/v1/jobs/{job_id}/events"] = {"get": EVENTS_OPERATION}
     paths["/v1/callbacks/{provider}"] = {"post": CALLBACK_OPERATION}
@@ -148,7 +156,7 @@ DATABASE_UNAVAILABLE = {
     "content": _ERROR_REF, "headers": _RETRY_AFTER}
 
 
-# The fields some codes add beside `code` and `message` (jobs.errors.ApiError's extras).
+# The fields some codes add beside `code` and `message` (jobs.api.errors.ApiError's extras).
 _ERROR_EXTRAS = {
     "fields": {"type": "object", "description": "INVALID_REQUEST: what is wrong, by field (`input.render_s`)."},
     "job_id": {"type": "string", "nullable": True,
@@ -168,10 +176,10 @@ _ERROR_EXTRAS = {
 def api_errors(result, generator, request, public):
     """drf-spectacular postprocessing hook: what every operation of the API may answer besides its own.
 
-    - `ErrorBody.code` is the enum of every code (jobs.errors.ERROR_CODES), so a client library's types
+    - `ErrorBody.code` is the enum of every code (jobs.api.errors.ERROR_CODES), so a client library's types
       name each one;
     - every operation that reads the database may answer `503 DATABASE_UNAVAILABLE` with `Retry-After`
-      (jobs.errors.api_exception_handler), which a client is to wait out and send again; the output's
+      (jobs.api.errors.api_exception_handler), which a client is to wait out and send again; the output's
       own 503 (STORE_UNAVAILABLE) is made to say both, and the callbacks' (CALLBACK_UNVERIFIED) does;
     - a redirect names its `Location`."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})

@@ -26,8 +26,8 @@ from django.db.models.functions import Now
 from config.logs import log_event
 from config.metrics import count
 from config.sql import update_sql
+from jobs.engine.outcomes import Later, Stop
 from jobs.models import Job, Step, StepStatus
-from jobs.outcomes import Later, Stop
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class StepContext:
     rows: dict[str, StepRow] = field(default_factory=dict)
     rung: bool = False  # a provider called back: a waiting step looks now (executor.callbacks)
     # READ steps' done marks not written yet: they go out with the next transaction the runner commits
-    # (jobs.runner), always before anything leaves the database. A READ is safe to run again, so a mark
+    # (jobs.engine.runner), always before anything leaves the database. A READ is safe to run again, so a mark
     # lost with a crash costs a re-read, never a result.
     deferred: list = field(default_factory=list)
     # Leases claimed ahead, in the transaction of the database-only steps before them: name -> claim.

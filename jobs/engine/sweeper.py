@@ -16,8 +16,8 @@ from django.utils import timezone
 from config.logs import log_event
 from config.metrics import count
 from jobs import selectors
+from jobs.engine.runner import resume_point
 from jobs.models import Job, JobStatus
-from jobs.runner import resume_point
 
 logger = logging.getLogger(__name__)
 

@@ -8,14 +8,14 @@ import logging
 from celery import group, shared_task, signature
 
 from executor.cancel import sweep_cancelled
-from jobs import outcomes, runner, sweeper
-from jobs.chain import start_run
+from jobs.engine import outcomes, runner, sweeper
+from jobs.engine.chain import start_run
 
 logger = logging.getLogger(__name__)
 
 
 def _follow(task, outcome, job_id: str, run: int) -> None:
-    """Turn the runner's outcome into Celery actions, as the table in jobs.outcomes says. Neither Retry
+    """Turn the runner's outcome into Celery actions, as the table in jobs.engine.outcomes says. Neither Retry
     nor Ignore is raised: each costs a formatted traceback, which is more CPU than a whole fast job; the
     same effects are had directly."""
     if isinstance(outcome, outcomes.Continue):
@@ -70,7 +70,7 @@ def run_substep(self, job_id: str, run: int, stage: str, key: str, lead: bool = 
 def stop_upstream(self, job_id: str, run: int):
     """A cancel won: stop the job's upstream work now rather than at its next poll; and again once a send
     whose answer may still come can no longer be answered (executor.cancel.cancel_current). Sent by
-    jobs.chain.stop_upstream."""
+    jobs.engine.chain.stop_upstream."""
     stop = runner.stop_cancelled(job_id=job_id, run=run, owner=self.request.id)
     if stop.again_s is not None:
         stop_upstream.apply_async((job_id, run), countdown=stop.again_s + 0.5)

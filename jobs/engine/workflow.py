@@ -1,7 +1,7 @@
 """The vocabulary of recipes (docs/design.md, "How a job runs: durable steps"): how a job's kind names its
 steps and stages, and what else a kind declares (`Kind`). The kinds (jobs.kinds: one module each, one line
-in its table) declare their recipes in it; jobs.runner runs them, and answers the chain with the outcomes
-of jobs.outcomes; jobs.tasks turns those into Celery actions.
+in its table) declare their recipes in it; jobs.engine.runner runs them, and answers the chain with the outcomes
+of jobs.engine.outcomes; jobs.engine.tasks turns those into Celery actions.
 
 A recipe is a list of stages; a stage is one Celery task running one or more steps, each its own `Step`
 row (a checkpoint is a row, not a message). A stage ends where the job must wait (a polling step) or fan
@@ -28,7 +28,7 @@ class StepSpec:
     # A WAIT step whose work may already be over when it starts (a render finished in its submit's
     # answer): ready(ctx, mark) -> None (wait as usual), or (result, marked) after making only database
     # writes, with no lease: there is nothing to wait for. `mark(result, when=...)` is the step's done
-    # mark as a part of the ready work's own statement (jobs.steps.step_done_cte); marked is whether it
+    # mark as a part of the ready work's own statement (jobs.engine.steps.step_done_cte); marked is whether it
     # was written, or None if the work did not carry it (the runner writes it).
     ready: Callable | None = None
 

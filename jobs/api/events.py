@@ -10,7 +10,7 @@ once, when the client already has that frame) it sends `event: end` and closes; 
 SSE_MAX_S (the client reconnects). A client that goes away ends it at once (Django cancels the response
 when the connection drops).
 
-Every open stream holds a slot (jobs.streams): at most SSE_MAX_PER_CLIENT per client across the web
+Every open stream holds a slot (jobs.api.streams): at most SSE_MAX_PER_CLIENT per client across the web
 processes and SSE_MAX_PER_PROCESS per process; one more is `429 TOO_MANY_STREAMS`. The slot is given
 back however the stream ends: the generator's `finally`, and `_Stream.close` for a stream Django stopped
 while a frame was being sent.
@@ -25,9 +25,11 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
-from jobs import selectors, streams
-from jobs.auth import BearerAPIKeyAuthentication
-from jobs.errors import TooManyStreams, answers_database_outage, error_body, method_not_allowed
+from jobs import selectors
+
+from jobs.api import streams
+from jobs.api.auth import BearerAPIKeyAuthentication
+from jobs.api.errors import TooManyStreams, answers_database_outage, error_body, method_not_allowed
 from jobs.models import TERMINAL_STATUSES
 
 KEEPALIVE_S = 15.0

@@ -1,7 +1,7 @@
 from django.urls import path
 
-from jobs import events, views
-from jobs.schema import DocsView, SchemaView
+from jobs.api import events, views
+from jobs.api.schema import DocsView, SchemaView
 
 urlpatterns = [
     path("v1/jobs", views.JobListCreateView.as_view(), name="jobs"),

@@ -1,7 +1,7 @@
 """The durable step runner: Celery moves the work, Postgres remembers it
 (docs/design.md, "How a job runs: durable steps").
 
-It runs a recipe's stages (jobs.workflow) on a job's `Step` rows (jobs.steps). Every step is safe to
+It runs a recipe's stages (jobs.engine.workflow) on a job's `Step` rows (jobs.engine.steps). Every step is safe to
 deliver twice:
 
 - a `done` step returns its stored result and does nothing else;
@@ -10,8 +10,8 @@ deliver twice:
   the holder renews the lease while it works, and a lease that ran out (a dead worker) is taken over;
 - a step marks itself `done` in the same transaction as its own database effects.
 
-The runner talks only to the database. It answers with an outcome of jobs.outcomes, which the task layer
-(jobs.tasks) turns into Celery actions, so every path here can be driven directly from a test.
+The runner talks only to the database. It answers with an outcome of jobs.engine.outcomes, which the task layer
+(jobs.engine.tasks) turns into Celery actions, so every path here can be driven directly from a test.
 """
 
 import functools
@@ -29,7 +29,7 @@ from config.retry import backoff_s, jittered
 from jobs import selectors, services
 from jobs.kinds import KINDS
 from jobs.models import JobStatus, StepStatus
-from jobs.outcomes import (
+from jobs.engine.outcomes import (
     Continue,
     Done,
     FanOut,
@@ -43,7 +43,7 @@ from jobs.outcomes import (
     StepRetry,
     Stop,
 )
-from jobs.steps import (
+from jobs.engine.steps import (
     Claim,
     DoneMark,
     Marked,
@@ -62,7 +62,7 @@ from jobs.steps import (
     step_mark_done,
     step_renew_lease,
 )
-from jobs.workflow import Effect, Recipe, Stage, StepSpec
+from jobs.engine.workflow import Effect, Recipe, Stage, StepSpec
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
 def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None, rung: bool = False):
     """Run a stage of a job's run, then the stages after it, inline, for as long as none has to wait: a
     render the provider finished at submit needs no message to wait for it. Answers with an outcome of
-    jobs.outcomes (its table says what each means for the chain). `rung`: a provider called back, so a
+    jobs.engine.outcomes (its table says what each means for the chain). `rung`: a provider called back, so a
     waiting step looks now rather than on its schedule."""
     ctx, stop = _load(job_id, run, owner, chain, rung)
     if stop:

@@ -1,5 +1,5 @@
 """The messages that move a job: a run's chain of stages, and the stop of a cancelled job's upstream work.
-Sent by task name (jobs.tasks defines the tasks), so that the services that enqueue on commit do not
+Sent by task name (jobs.engine.tasks defines the tasks), so that the services that enqueue on commit do not
 import the tasks, which import the runner, which calls the services."""
 
 from config.celery import app
