@@ -225,7 +225,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     # Enums named for what they are (the client libraries' types take these names), not StatusEnum.
-    "ENUM_NAME_OVERRIDES": {"JobStatus": "jobs.models.JobStatus", "JobKind": "jobs.models.JobKind",
+    "ENUM_NAME_OVERRIDES": {"JobStatus": "jobs.models.JobStatus", "JobKind": "jobs.models.job_kinds",
                             "OrderStatus": ["paid", "duplicate"]},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "jobs.api.schema.report_fields_are_optional", "jobs.api.schema.event_stream_path",

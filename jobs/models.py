@@ -24,9 +24,13 @@ OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.WAITING)
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
-class JobKind(models.TextChoices):
-    MEDIA = "media"
-    REPORT = "report"
+def job_kinds() -> list[tuple[str, str]]:
+    """The job kinds as choices: the names in jobs.kinds.KINDS, the one table of kinds (a kind is one module and
+    one line there). A callable, so a new kind needs no migration of this column; the API's JobKind enum is the
+    same list (config/settings.py, ENUM_NAME_OVERRIDES; jobs.api.serializers.KindField)."""
+    from jobs.kinds import KINDS  # at call time: jobs.kinds imports this module (its steps write jobs)
+
+    return [(name, name.replace("_", " ").capitalize()) for name in KINDS]  # labels as TextChoices made them
 
 
 class Job(models.Model):
@@ -37,7 +41,7 @@ class Job(models.Model):
     idempotency_key = models.CharField(max_length=255)
     # SHA-256 (hex) of the canonical validated body: same key with another body is a conflict.
     request_hash = models.CharField(max_length=64)
-    kind = models.CharField(max_length=16, choices=JobKind.choices)
+    kind = models.CharField(max_length=16, choices=job_kinds)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     # Goes up by one on each person's retry; every event and step belongs to a run.
     run = models.PositiveIntegerField(default=1)

@@ -27,7 +27,8 @@ from billing.selectors import clients_month_spend
 from config.metrics import COUNTERS, OTHER, counters
 from executor.providers.base import ErrorClass
 from jobs.api.errors import error_body, method_not_allowed
-from jobs.models import JobKind, JobStatus
+from jobs.kinds import KINDS
+from jobs.models import JobStatus
 from webhooks.models import DeliveryStatus
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class PayonceCollector(Collector):
 
         family = GaugeMetricFamily("payonce_jobs", "Jobs by status and kind.", labels=["status", "kind"])
         for status in JobStatus.values:
-            for kind in JobKind.values:
+            for kind in KINDS:
                 family.add_metric([status, kind], jobs.get((status, kind), 0))
         yield family
 

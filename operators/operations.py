@@ -27,7 +27,7 @@ from billing import months
 from billing import services as billing
 from executor.record import upstream_key_parts
 from jobs.kinds import KINDS
-from jobs.models import Job, JobKind, JobStatus
+from jobs.models import Job, JobStatus
 from operators.actions import BY_NAME, Action
 from operators.models import OperatorAction, OperatorActionKind
 
@@ -97,8 +97,8 @@ class JobFilter:
                 raise OperationRefused(f"status must be one of {', '.join(JobStatus.values)}")
             jobs = jobs.filter(status=self.status)
         if self.kind:
-            if self.kind not in JobKind.values:
-                raise OperationRefused(f"kind must be one of {', '.join(JobKind.values)}")
+            if self.kind not in KINDS:
+                raise OperationRefused(f"kind must be one of {', '.join(KINDS)}")
             jobs = jobs.filter(kind=self.kind)
         if self.client:
             jobs = jobs.filter(client_id__in=client_ids(self.client))

@@ -11,7 +11,7 @@ from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FAL
 from executor.registry import PAYONCE_INPUT_KEYS, code_spec, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
-from jobs.models import JobKind, JobStatus
+from jobs.models import JobStatus, job_kinds
 from webhooks import services as webhooks
 
 MAX_MODELS = 5
@@ -121,8 +121,20 @@ class PolicySerializer(StrictSerializer):
         return super().to_internal_value(data)
 
 
+class KindField(serializers.ChoiceField):
+    """A job's kind: one of jobs.kinds.KINDS. Its choices are read when a serializer binds the field, not when
+    this module is imported: jobs.kinds imports jobs.services, which imports this module (job_as_dict)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(choices=(), **kwargs)
+
+    def bind(self, field_name, parent):
+        super().bind(field_name, parent)
+        self.choices = job_kinds()
+
+
 class JobCreateSerializer(StrictSerializer):
-    kind = serializers.ChoiceField(choices=JobKind.choices)
+    kind = KindField()
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
     input = serializers.DictField(validators=[bounded_json], help_text=(
         f"media: {' and '.join(PAYONCE_INPUT_KEYS)}, and only the parameters that every model of the chain "
@@ -263,7 +275,7 @@ class JobSerializer(serializers.Serializer):
     """A job as the API and webhooks show it (docs/api.md, "A job"): the schema of job_as_dict."""
 
     id = serializers.UUIDField()
-    kind = serializers.ChoiceField(choices=JobKind.choices)  # choices: the document's enums (JobKind, JobStatus)
+    kind = KindField()  # choices: the document's enums (JobKind, JobStatus)
     status = serializers.ChoiceField(choices=JobStatus.choices)
     run = serializers.IntegerField()
     idempotency_key = serializers.CharField()

@@ -91,7 +91,7 @@ class Kind:
     """Everything the code says of one job kind, declared once (jobs.kinds.KINDS holds one per kind): what
     the API, the engine and the operators would otherwise each decide with a `kind ==` branch."""
 
-    name: str  # a JobKind value: the API's and the row's word for it
+    name: str  # the API's and the row's word for it (the OpenAPI enum JobKind lists the names)
     # The executor.models.ModelKind values whose models serve this kind. The mapping lives here, on the jobs
     # side: the executor sits below jobs and knows model kinds only (and that a text model is a `complete`
     # call, the others a `submit`); which job kind a model serves is jobs' word, so jobs maps down to it.

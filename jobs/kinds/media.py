@@ -27,7 +27,7 @@ from jobs import services
 from jobs.api.serializers import StrictCharField, StrictSerializer
 from jobs.engine.workflow import Effect, Kind, Recipe, Stage, StepSpec
 from jobs.kinds.common import mark_running
-from jobs.models import JobKind, JobStatus
+from jobs.models import JobStatus
 from jobs.selectors import succeeded_output_keys
 
 
@@ -207,7 +207,7 @@ def _worst_case(chain: list[str], attempts_per_model) -> Decimal:
 
 
 KIND = Kind(
-    name=JobKind.MEDIA,
+    name="media",
     model_kinds=frozenset({ModelKind.VIDEO, ModelKind.IMAGE}),
     recipe=RECIPE,
     accept_input=accept_input,

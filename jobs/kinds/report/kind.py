@@ -21,7 +21,7 @@ from jobs.api.serializers import METADATA_MAX_BYTES, StrictCharField, StrictSeri
 from jobs.engine.workflow import Kind
 from jobs.kinds.report import reports
 from jobs.kinds.report.recipe import RECIPE
-from jobs.models import ChapterStatus, Job, JobKind, Report, ReportChapter
+from jobs.models import ChapterStatus, Job, Report, ReportChapter
 
 # --- the input -----------------------------------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ def _at(moment: datetime) -> str:
 
 
 KIND = Kind(
-    name=JobKind.REPORT,
+    name="report",
     model_kinds=frozenset({ModelKind.TEXT}),
     recipe=RECIPE,
     accept_input=accept_input,
