@@ -215,14 +215,14 @@ def _next_look(current: Attempt, waited: float, window: float) -> float:
                                   left_s=window - waited + 0.05), _LONGEST_LOOK_S)
 
 
-def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | None:
+def finish_answered(job, attempt: Attempt | None, mark) -> dict | None:
     """The wait of an attempt whose submit answer carried the finished work, as this execution had it
     accepted a moment ago (`attempt`, handed over by the submit step): no poll and no lease needed. The
-    attempt's end (succeeded), its settle and the wait step's done mark (`mark(result, when=...)`,
-    jobs.engine.steps.step_done_cte) are one statement: the settle and the mark only if the end changed the row
-    (conditional on `running`, so a cancel that ended it meanwhile wins). Returns (result, whether the
-    mark was written); None when there is no such attempt in hand, or when the end lost (the attempt is
-    read again, and the wait step looks at it as usual).
+    attempt's end (succeeded), its settle and the wait step's done mark (`mark.cte`, a
+    jobs.engine.steps.DoneMark) are one statement: the settle and the mark only if the end changed the row
+    (conditional on `running`, so a cancel that ended it meanwhile wins). Returns the step's result (the
+    mark says whether it was written); None when there is no such attempt in hand, or when the end lost
+    (the attempt is read again, and the wait step looks at it as usual).
 
     One statement joining the work of three apps to save two commits (tests/jobs/test_commit_budget.py)."""
     if attempt is None or attempt.state != AttemptState.RUNNING or not attempt.output_url:
@@ -233,7 +233,7 @@ def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | N
     when = "EXISTS (SELECT 1 FROM work)"
     settle, settle_params = billing.settle_cte(key=attempt.upstream_key, cost=fields.get("cost_usd", attempt.cost_usd),
                                                when=when)
-    marked_sql, mark_params = mark(result, when=when)
+    marked_sql, mark_params = mark.cte(result, when=when)
     with connection.cursor() as cursor:
         cursor.execute(f"WITH work AS ({work} RETURNING 1), {settle}, mark AS ({marked_sql})"
                        f" SELECT (SELECT count(*) FROM work), (SELECT id FROM mark),"
@@ -243,11 +243,12 @@ def finish_answered(job, attempt: Attempt | None, mark) -> tuple[dict, bool] | N
     if not ended_now:
         attempt.refresh_from_db()  # ended meanwhile (a cancel): the wait step reads what the record says
         return None
+    mark.took(result, marked)
     billing.drift_noticed(attempt.upstream_key, *drift)
     for name, value in fields.items():
         setattr(attempt, name, value)
     record.log_end(attempt)
-    return result, marked
+    return result
 
 
 def _expire(current: Attempt, spec, window: float) -> None:

@@ -24,7 +24,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from config.db import db_error_recurs
-from config.logs import log_context, log_event
+from config.logs import log_context
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
 from jobs.kinds import KINDS
@@ -52,14 +52,9 @@ from jobs.engine.steps import (
     step_adopt,
     step_attach,
     step_claim,
-    step_done_cte,
-    step_done_recorded,
     step_end_failed,
     step_heartbeat,
     step_hold_for_retry,
-    step_insert_done,
-    step_insert_done_many,
-    step_mark_done,
     step_renew_lease,
 )
 from jobs.engine.workflow import Effect, Recipe, Stage, StepSpec
@@ -302,7 +297,7 @@ def _run_db(ctx: StepContext, specs: list[StepSpec], then: StepSpec | None = Non
                 except JobFailure as failure:
                     failure.step = spec.name  # the whole group rolls back; this step is the one that failed
                     raise
-            if not step_insert_done_many(ctx, marks):
+            if not DoneMark.write_all(ctx, marks):
                 raise _LostRace  # rolls back our effects: the other execution's stand
             ctx.deferred.clear()
             if then is not None:
@@ -324,7 +319,7 @@ def _adopt_all(ctx: StepContext, names: list[str]):
 
 def _flush(ctx: StepContext):
     """Write the READ marks still deferred (the end of a stage). None, or what adopting them says."""
-    if ctx.deferred and not step_insert_done_many(ctx, ctx.deferred):
+    if ctx.deferred and not DoneMark.write_all(ctx, ctx.deferred):
         return _adopt_all(ctx, [name for name, _ in ctx.deferred])
     ctx.deferred.clear()
     return None
@@ -349,7 +344,7 @@ def _claim_leased(ctx: StepContext, spec: StepSpec) -> tuple[Claim, StepRow] | S
     marks = list(ctx.deferred)
     try:
         with transaction.atomic():
-            if not step_insert_done_many(ctx, marks):
+            if not DoneMark.write_all(ctx, marks):
                 raise _LostRace
             ctx.deferred.clear()
             return _claim(ctx, spec)
@@ -400,7 +395,7 @@ def _run_external(ctx: StepContext, spec: StepSpec):
         return Later(max(1.0, min(settings.STEP_LEASE_S, 5.0)))
     if claim is not Claim.CLAIMED:  # done or failed meanwhile: step_claim read the row into ctx.rows
         return None if claim is Claim.DONE else Stop(f"step {spec.name} failed")
-    ctx.done_mark = DoneMark(row.id, ctx.owner)
+    ctx.done_mark = mark = DoneMark.leased(ctx, row, ctx.owner)
     with step_heartbeat(row.id, ctx.owner, settings.STEP_LEASE_S) as lost:
         try:
             result = spec.fn(ctx)
@@ -408,25 +403,21 @@ def _run_external(ctx: StepContext, spec: StepSpec):
             return _back_off(ctx, row, retry)
     if lost.is_set():
         logger.warning("job %s step %s: lease lost while working; attaching", ctx.job.id, spec.name)
-    return _record_done(ctx, spec, row, ctx.owner, result)
+    return _record_done(ctx, mark, result)
 
 
 def _run_ready(ctx: StepContext, spec: StepSpec) -> tuple[bool, Stop | None]:
-    """A wait that is over before it starts (StepSpec.ready): its writes and its done mark in one
-    statement, no lease. (True, outcome) when it ran (outcome None: go on); (False, None) when it must
-    wait as usual."""
-    ready = spec.ready(ctx, lambda result, when: step_done_cte(ctx, spec.name, result, when=when))
-    if ready is None:
+    """A wait that is over before it starts (StepSpec.ready): its writes and its done mark (a fresh one:
+    no lease) in one statement. (True, outcome) when it ran (outcome None: go on); (False, None) when it
+    must wait as usual."""
+    mark = DoneMark.fresh(ctx, spec.name)
+    result = spec.ready(ctx, mark)
+    if result is None:
         return False, None
-    result, marked = ready
-    if marked is None:
-        marked = step_insert_done(ctx, spec.name, result)
-    elif marked:
-        step_done_recorded(ctx, spec.name, result, marked)
-    if not marked:  # another execution has the step: take what it says
-        outcome = step_adopt(ctx, spec.name)
-        return True, Stop(f"another poller holds {spec.name}") if isinstance(outcome, Later) else outcome
-    return True, None
+    outcome = _record_done(ctx, mark, result)
+    if isinstance(outcome, Later):  # another execution polls the step: it is that poller's
+        return True, Stop(f"another poller holds {spec.name}")
+    return True, outcome
 
 
 @_logged_as_step
@@ -446,7 +437,7 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
         return Stop(f"another poller holds {spec.name}")
     if claim is not Claim.CLAIMED:
         return None if claim is Claim.DONE else Stop(f"step {spec.name} failed")
-    ctx.done_mark = DoneMark(row.id, ctx.chain)
+    ctx.done_mark = mark = DoneMark.leased(ctx, row, ctx.chain)
     with step_heartbeat(row.id, ctx.chain, settings.STEP_LEASE_S):
         try:
             result = spec.fn(ctx)
@@ -456,20 +447,18 @@ def _run_wait(ctx: StepContext, spec: StepSpec):
             # The lease covers the pause: the sweeper tells a live poller from a lost one by it.
             step_renew_lease(row.id, ctx.chain, not_yet.countdown + settings.STEP_LEASE_S)
             return Later(not_yet.countdown, kept=Kept.CHAIN)
-    return _record_done(ctx, spec, row, ctx.chain, result)
+    return _record_done(ctx, mark, result)
 
 
-def _record_done(ctx: StepContext, spec: StepSpec, row: StepRow, owner: str, result):
-    """Mark a leased step done (one statement), unless the work marked it with its own last write
-    (ctx.done_mark): then the step's result is the one that mark wrote. If the lease was lost meanwhile,
-    take the other execution's outcome."""
-    mark, ctx.done_mark = ctx.done_mark, None
-    if mark is not None and mark.state is Marked.DONE:
-        result = mark.result
-    elif (mark is not None and mark.state is Marked.LOST) or not step_mark_done(row.id, owner, result):
-        return step_adopt(ctx, spec.name)  # our lease ran out and another execution took the step over
-    ctx.rows[spec.name] = StepRow(row.id, spec.name, StepStatus.DONE, result, row.attempts, owner)
-    log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=spec.name)
+def _record_done(ctx: StepContext, mark: DoneMark, result):
+    """The step is done: its mark written alone, unless the work carried it with its own last write (then
+    the step's result is the one that mark wrote). If the mark was lost (a lease that ran out and was taken
+    over, or a fresh row another execution recorded first), take the other execution's outcome."""
+    ctx.done_mark = None
+    if mark.state is None:
+        mark.write(result)
+    if mark.state is Marked.LOST:
+        return step_adopt(ctx, mark.name)
     return None
 
 
@@ -538,7 +527,7 @@ def _join(ctx: StepContext, recipe: Recipe, index: int):
     names = [fanout.step_name(key) for key in fanout.keys(ctx)]
     if selectors.ended_step_count(job_id=ctx.job.id, run=ctx.run, names=names) < len(names):
         return Stop("waiting for sibling sub-steps")
-    if not step_insert_done(ctx, fanout.join_name, {"steps": len(names)}):
+    if not DoneMark.fresh(ctx, fanout.join_name).write({"steps": len(names)}):
         return Stop("another sub-step joined the stage")
     if index + 1 >= len(recipe.stages):
         return Stop("fan-out was the last stage")

@@ -70,12 +70,23 @@ class StepRow:
 
 @dataclass
 class StepContext:
-    """One execution of a task on one job.
+    """One execution of a task on one job: what its steps read, and the runner's notes on this pass.
 
     Leases name their holder. `owner` is this execution (the task id plus a nonce: two deliveries of one
     message are two executions); `task_id` alone is what a step that backs off reserves its lease for,
     so the task sent again after the pause takes it back; `chain` (the Celery root id, shared by every
     link and re-send of one chain) holds a polling step's lease across polls and links.
+
+    The mutable fields each have one writer, and live no longer than this execution (nothing here is
+    stored: another execution reads the rows instead):
+
+    | field | written by | read by |
+    | `rows` | the step primitives here (claim, DoneMark, reload) | the runner; a kind's steps, via `result()` |
+    | `deferred`, `claimed` | the runner only (jobs.engine.runner) | the runner only |
+    | `done_mark` | the runner, around a leased step's work | that work (a kind's step hands it to executor.render) |
+    | `handoff` | a kind's step | a later step of the same kind, in this execution |
+
+    `rung` is set when the execution starts (the task's argument) and only read.
     """
 
     job: Job
@@ -90,7 +101,7 @@ class StepContext:
     deferred: list = field(default_factory=list)
     # Leases claimed ahead, in the transaction of the database-only steps before them: name -> claim.
     claimed: dict = field(default_factory=dict)
-    # The running leased step's done mark, for its work's last write to carry (DoneMark).
+    # The running leased step's done mark, for its work's last write to carry (DoneMark); None between steps.
     done_mark: "DoneMark | None" = None
     # What a step hands to a later step of this same execution, by the name of the step that made it (the
     # submit step's accepted attempt, for the wait run right after it): never stored; another execution
@@ -227,75 +238,113 @@ def step_hold_for_retry(step_id: int, owner: str, reserve_for: str, hold_s: floa
 # --- recording outcomes --------------------------------------------------------------------------------
 
 
-def step_mark_done(step_id: int, owner: str, result) -> bool:
-    """running -> done, only while we still hold the lease. Zero rows: another execution took over."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE jobs_step SET status = '{DONE}', result = %s, lease_until = NULL, finished_at = now()"
-            f" WHERE id = %s AND lease_owner = %s AND status = '{RUNNING}'",
-            [_json(result), step_id, owner],
-        )
-        return cursor.rowcount == 1
+# A done mark's two statements (DoneMark.cte), each written only `when` the rest of its statement says so.
+# A leased step's: ours only while we hold the lease (zero rows: someone took the step over).
+_LEASED_MARK_SQL = f"""
+UPDATE jobs_step SET status = '{DONE}', result = %s, lease_until = NULL, finished_at = now()
+ WHERE id = %s AND lease_owner = %s AND status = '{RUNNING}' AND {{when}}
+RETURNING id
+"""
+# A step that needed no lease: inserted done once (no row back: another execution recorded it first).
+_FRESH_MARK_SQL = f"""
+INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
+SELECT %s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now() WHERE {{when}}
+ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING
+RETURNING id
+"""
 
 
 class DoneMark:
-    """A leased step's done mark, handed to the work it runs, so the work's last write and the mark can
-    commit together (one commit instead of two). The work calls at most one of:
+    """The one way a step is marked done: every done mark the engine writes is one of these.
 
-    - `with_update(result, queryset, fields)`: its conditional UPDATE and the mark in one statement (a
-      CTE; the mark is written only if the UPDATE changed its row). Returns whether the UPDATE did.
-    - `in_transaction(result)`: the mark, inside a transaction the work has open.
+    A mark is of one of two rows. A leased step's (`DoneMark.leased`) is an UPDATE of our `running` row,
+    written only while we hold its lease: zero rows means our lease ran out and another execution took
+    the step over. A step that needed no lease (`DoneMark.fresh`: a read, a database step, a fan-out's
+    join, a wait that was over before it started) is an INSERT done, once: ON CONFLICT DO NOTHING, so of
+    two executions recording it the second writes nothing and adopts the first's outcome.
 
-    Either way the mark is conditional on our lease, as step_mark_done is. The runner reads `state`
-    afterwards: None (not marked: it marks the step itself with what the work returned), or a Marked, with
-    `result` the one written. One statement joining the work of two apps to save a commit, where it is
-    `with_update` (tests/jobs/test_commit_budget.py)."""
+    It rides the step's work in one of four ways, so the work's last write and the mark commit together
+    (one commit instead of two; tests/jobs/test_commit_budget.py holds the count). The work calls at most one:
+    - `with_update(result, queryset, fields)`: the work's conditional UPDATE and the mark in one statement,
+      the mark only if the UPDATE changed its row (executor.render, a provider's acceptance);
+    - `in_transaction(result)`: the mark inside a transaction the work has open (an attempt's end);
+    - `cte(result, when=...)`: the mark as one part of the work's own statement, only `when` a condition on
+      its other parts holds; the statement returns the part's `id`, handed back by `took` (a render
+      finished in its submit's answer, executor.render.finish_answered).
+    If the work carried none, the runner writes it alone (`write`). Afterwards `state` says what became of
+    it (None: not written yet; Marked.DONE; Marked.LOST: take the other execution's outcome), and a
+    written mark is in ctx.rows with the result it wrote.
+    """
 
-    def __init__(self, step_id: int, owner: str):
-        self.step_id, self.owner = step_id, owner
+    def __init__(self, ctx: StepContext, name: str, *, step_id: int | None = None, owner: str = "",
+                 attempts: int = 1):
+        self.ctx, self.name, self.step_id, self.owner, self.attempts = ctx, name, step_id, owner, attempts
         self.state: Marked | None = None
         self.result = None
 
-    def with_update(self, result, queryset, fields: dict) -> bool:
-        update, update_params = update_sql(queryset, fields)
-        sql = (f"WITH work AS ({update} RETURNING 1),"
-               f" mark AS (UPDATE jobs_step SET status = '{DONE}', result = %s, lease_until = NULL, finished_at = now()"
-               f"           WHERE id = %s AND lease_owner = %s AND status = '{RUNNING}' AND EXISTS (SELECT 1 FROM work)"
-               f"          RETURNING 1)"
-               f" SELECT (SELECT count(*) FROM work), (SELECT count(*) FROM mark)")
-        with connections[queryset.db].cursor() as cursor:
-            cursor.execute(sql, [*update_params, _json(result), self.step_id, self.owner])
-            updated, marked = cursor.fetchone()
-        if updated:
-            self._marked(result, bool(marked))
-        return bool(updated)
+    @classmethod
+    def leased(cls, ctx: StepContext, row: StepRow, owner: str) -> "DoneMark":
+        return cls(ctx, row.name, step_id=row.id, owner=owner, attempts=row.attempts)
+
+    @classmethod
+    def fresh(cls, ctx: StepContext, name: str) -> "DoneMark":
+        return cls(ctx, name, owner=ctx.owner)
+
+    def cte(self, result, *, when: str) -> tuple[str, list]:
+        if self.step_id is not None:
+            return _LEASED_MARK_SQL.format(when=when), [_json(result), self.step_id, self.owner]
+        return _FRESH_MARK_SQL.format(when=when), [self.ctx.job.id, self.ctx.run, self.name, _json(result), self.owner]
+
+    def took(self, result, step_id: int | None) -> None:
+        """What the work's statement returned of the `cte` part: the step's id, or None (not written)."""
+        self.state, self.result = (Marked.DONE if step_id is not None else Marked.LOST), result
+        if step_id is not None:
+            self.ctx.rows[self.name] = StepRow(step_id, self.name, DONE, result, self.attempts, self.owner)
+            log_event(logger, "step.done", job_id=self.ctx.job.id, run=self.ctx.run, step=self.name)
+
+    def write(self, result) -> bool:
+        """The mark alone, one statement. False: lost (see `state`)."""
+        sql, params = self.cte(result, when="TRUE")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            written = cursor.fetchone()
+        self.took(result, written[0] if written else None)
+        return self.state is Marked.DONE
 
     def in_transaction(self, result) -> None:
         if not connection.in_atomic_block:
             raise RuntimeError("the mark commits with the work's own transaction")
-        self._marked(result, step_mark_done(self.step_id, self.owner, result))
+        self.write(result)
 
-    def _marked(self, result, marked: bool) -> None:
-        self.state, self.result = (Marked.DONE if marked else Marked.LOST), result
+    def with_update(self, result, queryset, fields: dict) -> bool:
+        """Returns whether the work's UPDATE changed its row (the mark is written only if it did)."""
+        update, update_params = update_sql(queryset, fields)
+        mark, mark_params = self.cte(result, when="EXISTS (SELECT 1 FROM work)")
+        with connections[queryset.db].cursor() as cursor:
+            cursor.execute(f"WITH work AS ({update} RETURNING 1), mark AS ({mark})"
+                           f" SELECT (SELECT count(*) FROM work), (SELECT id FROM mark)", [*update_params, *mark_params])
+            updated, step_id = cursor.fetchone()
+        if updated:
+            self.took(result, step_id)
+        return bool(updated)
 
-
-_INSERT_DONE_SQL = f"""
-INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until, started_at, finished_at)
-VALUES (%s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now())
-ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id
-"""
-
-
-def step_insert_done(ctx: StepContext, name: str, result) -> bool:
-    """A step that needed no lease, recorded done. False: another execution recorded it first."""
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_DONE_SQL, [ctx.job.id, ctx.run, name, _json(result), ctx.owner])
-        inserted = cursor.fetchone()
-    if inserted is None:
-        return False
-    ctx.rows[name] = StepRow(inserted[0], name, DONE, result, 1, ctx.owner)
-    log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=name)
-    return True
+    @staticmethod
+    def write_all(ctx: StepContext, marks: list[tuple[str, object]]) -> bool:
+        """Fresh marks of several steps in one INSERT (a group of database steps, the reads deferred before
+        them). False: another execution recorded one of them first (the caller rolls back and adopts)."""
+        values = ", ".join([f"(%s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now())"] * len(marks))
+        sql = (f"INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until,"
+               f" started_at, finished_at) VALUES {values}"
+               f" ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id, name")
+        params = [value for name, result in marks for value in (ctx.job.id, ctx.run, name, _json(result), ctx.owner)]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            inserted = {name: ident for ident, name in cursor.fetchall()}
+        if len(inserted) < len(marks):
+            return False
+        for name, result in marks:
+            DoneMark.fresh(ctx, name).took(result, inserted[name])
+        return True
 
 
 _END_FAILED_SQL = f"""
@@ -307,43 +356,6 @@ ON CONFLICT ON CONSTRAINT step_job_run_name DO UPDATE
    AND (jobs_step.lease_until < now() OR jobs_step.lease_owner IN (%(owner)s, %(task)s, %(chain)s))
 RETURNING id
 """
-
-
-def step_insert_done_many(ctx: StepContext, marks: list[tuple[str, object]]) -> bool:
-    """Steps that needed no lease, recorded done in one statement. False: another execution recorded
-    one of them first (the caller rolls back and adopts what it recorded)."""
-    values = ", ".join([f"(%s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now())"] * len(marks))
-    sql = (f"INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until,"
-           f" started_at, finished_at) VALUES {values}"
-           f" ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id, name")
-    params = [value for name, result in marks for value in (ctx.job.id, ctx.run, name, _json(result), ctx.owner)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        inserted = dict((name, ident) for ident, name in cursor.fetchall())
-    if len(inserted) < len(marks):
-        return False
-    for name, result in marks:
-        ctx.rows[name] = StepRow(inserted[name], name, DONE, result, 1, ctx.owner)
-        log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=name)
-    return True
-
-
-def step_done_cte(ctx: StepContext, name: str, result, *, when: str) -> tuple[str, list]:
-    """A step that needs no lease, recorded done, as one part (a CTE) of a caller's statement, and
-    only `when` (a condition on the statement's other parts). It returns the row's id, or nothing if
-    another execution recorded the step first; the caller passes that to step_done_recorded."""
-    sql = (f"INSERT INTO jobs_step (job_id, run, name, status, result, attempts, lease_owner, lease_until,"
-           f" started_at, finished_at) SELECT %s, %s, %s, '{DONE}', %s, 1, %s, NULL, now(), now() WHERE {when}"
-           f" ON CONFLICT ON CONSTRAINT step_job_run_name DO NOTHING RETURNING id")
-    return sql, [ctx.job.id, ctx.run, name, _json(result), ctx.owner]
-
-
-def step_done_recorded(ctx: StepContext, name: str, result, step_id: int | None) -> bool:
-    if step_id is None:
-        return False
-    ctx.rows[name] = StepRow(step_id, name, DONE, result, 1, ctx.owner)
-    log_event(logger, "step.done", job_id=ctx.job.id, run=ctx.run, step=name)
-    return True
 
 
 def step_end_failed(ctx: StepContext, name: str, result) -> bool:

@@ -26,10 +26,10 @@ class StepSpec:
     fn: Callable  # fn(ctx) -> JSON result; a WAIT step raises NotYet while it is still waiting
     effect: Effect
     # A WAIT step whose work may already be over when it starts (a render finished in its submit's
-    # answer): ready(ctx, mark) -> None (wait as usual), or (result, marked) after making only database
-    # writes, with no lease: there is nothing to wait for. `mark(result, when=...)` is the step's done
-    # mark as a part of the ready work's own statement (jobs.engine.steps.step_done_cte); marked is whether it
-    # was written, or None if the work did not carry it (the runner writes it).
+    # answer): ready(ctx, mark) -> None (wait as usual), or the step's result after making only database
+    # writes, with no lease: there is nothing to wait for. `mark` is the step's done mark (a fresh
+    # jobs.engine.steps.DoneMark), for the ready work's own statement to carry (`mark.cte`); if it does
+    # not, the runner writes it.
     ready: Callable | None = None
 
 

@@ -51,9 +51,9 @@ def wait(ctx) -> dict:
     return render.wait(ctx.job, attempt=ctx.handoff.get("submit"), rung=ctx.rung, done=ctx.done_mark)
 
 
-def wait_ready(ctx, mark) -> tuple[dict, bool | None] | None:
+def wait_ready(ctx, mark) -> dict | None:
     if ctx.result("submit").get("skipped"):
-        return {"skipped": True}, None
+        return {"skipped": True}
     return render.finish_answered(ctx.job, ctx.handoff.get("submit"), mark)
 
 

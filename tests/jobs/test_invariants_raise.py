@@ -10,7 +10,7 @@ from jobs.kinds.report import reports
 
 def test_a_done_mark_in_the_works_transaction_refuses_to_run_outside_one():
     with pytest.raises(RuntimeError, match="the mark commits with the work's own transaction"):
-        DoneMark(step_id=1, owner="nobody").in_transaction({"done": True})
+        DoneMark(ctx=None, name="submit", step_id=1, owner="nobody").in_transaction({"done": True})
 
 
 def test_a_purge_of_reports_refuses_to_run_outside_a_transaction():

@@ -102,7 +102,7 @@ def test_a_reference_to_ones_own_succeeded_output_is_uploaded_for_the_new_job(al
     with client_store(alice.client_id).open(first["output"]["key"]) as handle:
         original = handle.read()
 
-    second = finished(alice, reference_body(first["output"]["key"]), "a-2")
+    finished(alice, reference_body(first["output"]["key"]), "a-2")
 
     [upload] = [c for c in ledger.calls() if c["kind"] == "upload"]
     sent = requests.get(f"{ledger.url}/v1/inputs/inp_000001/content", timeout=5).content

@@ -51,7 +51,7 @@ def test_every_status_the_built_sql_compares_with_exists():
 
     built = [
         jobs_services._FINISH_SQL, jobs_selectors._STUCK_SQL, executor_selectors.ATTEMPTS_JSON_SQL,
-        steps._CLAIM_SQL, steps._INSERT_DONE_SQL, steps._END_FAILED_SQL, webhooks_services._CLAIM_TRIES_SQL,
+        steps._CLAIM_SQL, steps._LEASED_MARK_SQL, steps._FRESH_MARK_SQL, steps._END_FAILED_SQL, webhooks_services._CLAIM_TRIES_SQL,
     ]
     compared = {word for sql in built for clause in COMPARED.findall(sql) for word in QUOTED.findall(clause)}
     assert compared  # the check reads something
