@@ -1,6 +1,7 @@
-"""Reading a request's JSON body, strictly, the same way for every POST that takes one: the jobs API
-(jobs.api.views) and the orders API (orders.views). Its own module, not a view's, so an app above
-imports the parser without importing the jobs views."""
+"""Reading a request, strictly, the same way wherever it comes in: its JSON body, for every POST that
+takes one (the jobs API, jobs.api.views, and the orders API, orders.views), and its Idempotency-Key (the
+jobs API, and the `submit` command, which checks a key as the API would). Its own module, not a view's,
+so an app above imports it without importing the jobs views."""
 
 import json
 import math
@@ -8,7 +9,13 @@ import re
 
 from django.conf import settings
 
-from jobs.api.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from jobs.api.errors import (
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 
 _JSON_CONTENT_TYPE = re.compile(r"\Aapplication/([a-z0-9.+-]+\+)?json\Z", re.IGNORECASE | re.ASCII)
 
@@ -71,3 +78,28 @@ def read_json_body(request) -> object:
         return body
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InvalidRequest("The request body is not valid JSON.", fields={"body": [str(exc)[:300]]}) from None
+
+
+# 1 to 255 visible ASCII characters (docs/design.md, "One key and one body are one job"). The schema's form (ECMA
+# anchors); the code matches the whole string (\A...\Z: `$` would also match before a final newline).
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+_IDEMPOTENCY_KEY = re.compile(r"\A[\x21-\x7e]{1,255}\Z")
+
+
+def idempotency_key_valid(key: str) -> bool:
+    return _IDEMPOTENCY_KEY.match(key) is not None
+
+
+def idempotency_key_from(request) -> str:
+    """The POST's Idempotency-Key header: exactly one, 1 to 255 visible ASCII characters."""
+    # Django joins a repeated header with "," ("K" twice reads "K,K", itself a valid key): count the raw
+    # headers the server received, so two keys are never taken for a third one.
+    raw_headers = getattr(request._request, "scope", {}).get("headers", ())
+    if sum(1 for name, _ in raw_headers if name.lower() == b"idempotency-key") > 1:
+        raise IdempotencyKeyInvalid("Send exactly one Idempotency-Key header.")
+    key = request.META.get("HTTP_IDEMPOTENCY_KEY")
+    if key is None or key == "":
+        raise IdempotencyKeyMissing("The Idempotency-Key header is required for POST /v1/jobs.")
+    if not idempotency_key_valid(key):
+        raise IdempotencyKeyInvalid("The Idempotency-Key must be 1 to 255 visible ASCII characters.")
+    return key

@@ -1,6 +1,5 @@
 """The job API (docs/api.md, "Every endpoint"). Views parse and validate, call one service, and render."""
 
-import re
 import secrets
 
 from django.http import FileResponse, HttpResponse, JsonResponse
@@ -24,8 +23,6 @@ from executor.services import store_error_is_permanent
 from executor.store import client_store
 from jobs import selectors, services
 from jobs.api.errors import (
-    IdempotencyKeyInvalid,
-    IdempotencyKeyMissing,
     InvalidRequest,
     JobNotRetryable,
     JobNotSucceeded,
@@ -38,33 +35,13 @@ from jobs.api.errors import (
     method_not_allowed,
 )
 from jobs.api.pagination import MAX_LIMIT, job_page
-from jobs.api.parsers import read_json_body
+from jobs.api.parsers import IDEMPOTENCY_KEY_PATTERN, idempotency_key_from, read_json_body
 from jobs.api.schema import ERROR_SCHEMA
 from jobs.api.serializers import JobCreateSerializer, JobSerializer
 from jobs.kinds import KINDS
 from jobs.kinds.report import reports
 from jobs.markdown import to_html
 from jobs.models import Job, JobStatus, Report
-
-# 1 to 255 visible ASCII characters (docs/design.md, "One key and one body are one job"). The schema's form (ECMA
-# anchors); the code matches the whole string (\A...\Z: `$` would also match before a final newline).
-IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
-_IDEMPOTENCY_KEY = re.compile(r"\A[\x21-\x7e]{1,255}\Z")
-
-
-def idempotency_key_from(request) -> str:
-    # Django joins a repeated header with "," ("K" twice reads "K,K", itself a valid key): count the raw
-    # headers the server received, so two keys are never taken for a third one.
-    raw_headers = getattr(request._request, "scope", {}).get("headers", ())
-    if sum(1 for name, _ in raw_headers if name.lower() == b"idempotency-key") > 1:
-        raise IdempotencyKeyInvalid("Send exactly one Idempotency-Key header.")
-    key = request.META.get("HTTP_IDEMPOTENCY_KEY")
-    if key is None or key == "":
-        raise IdempotencyKeyMissing("The Idempotency-Key header is required for POST /v1/jobs.")
-    if not _IDEMPOTENCY_KEY.match(key):
-        raise IdempotencyKeyInvalid("The Idempotency-Key must be 1 to 255 visible ASCII characters.")
-    return key
-
 
 _JOB_PAGE = inline_serializer("JobPage", {
     "next": serializers.URLField(allow_null=True, help_text="The next (older) page, or null."),

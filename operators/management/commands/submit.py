@@ -2,7 +2,6 @@
 print it, and with --wait follow it until it ends."""
 
 import json
-import re
 import uuid
 
 from django.conf import settings
@@ -11,7 +10,7 @@ from rest_framework.exceptions import ValidationError
 from jobs import services
 from jobs.api.errors import ApiError, IdempotencyKeyInvalid, PayloadTooLarge, api_exception_handler
 from jobs.api.serializers import JobCreateSerializer, job_as_dict
-from jobs.api.views import IDEMPOTENCY_KEY_PATTERN
+from jobs.api.parsers import idempotency_key_valid
 from jobs.models import Job, JobStatus
 from operators import cli
 
@@ -44,7 +43,7 @@ class Command(cli.OperatorCommand):
         key = options["key"] or str(uuid.uuid4())
         body = self.body(options)
         try:
-            if not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
+            if not idempotency_key_valid(key):
                 raise IdempotencyKeyInvalid("The Idempotency-Key must be 1 to 255 visible ASCII characters.")
             size = len(json.dumps(body).encode("utf-8"))
             if size > settings.JOB_BODY_MAX_BYTES:
