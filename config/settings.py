@@ -347,6 +347,11 @@ SANDBOX_KEY_TTL_S = env_float("SANDBOX_KEY_TTL_S", 0.0, minimum=0.0) or None
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)
 REPORT_CHAPTER_MAX_TOKENS = env_int("REPORT_CHAPTER_MAX_TOKENS", 4000, minimum=1)
 REPORT_MAX_CHAPTERS = env_int("REPORT_MAX_CHAPTERS", 24, minimum=1)
+# Report templates (docs/design.md, "Report templates"): the most a template may allow a call to write
+# (its max_output_tokens), and how many templates, and versions of one, a client may keep.
+REPORT_TEMPLATE_MAX_OUTPUT_TOKENS = env_int("REPORT_TEMPLATE_MAX_OUTPUT_TOKENS", 16000, minimum=1)
+REPORT_TEMPLATES_MAX = env_int("REPORT_TEMPLATES_MAX", 100, minimum=1)
+REPORT_TEMPLATE_VERSIONS_MAX = env_int("REPORT_TEMPLATE_VERSIONS_MAX", 500, minimum=1)
 # Prompt caching (docs/design.md, "Reports and orders"): every chapter's prompt starts with the same prefix
 # (the system prompt, the subject and the synthesis), marked as a cache breakpoint, so the provider bills it
 # once at the cache-write price and then at the cache-read price (a tenth of the input price). Off: no mark.

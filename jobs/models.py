@@ -165,6 +165,13 @@ class Report(models.Model):
     # ... and what the report keeps when it is gone: the figures saved onto it at the first step.
     figures = models.JSONField(default=dict)
     chapter_keys = models.JSONField(default=list)
+    # The template version it is written from, pinned by the job at submit; None: the built-in default
+    # (jobs.kinds.report.templates.DEFAULT).
+    template_version = models.ForeignKey("ReportTemplateVersion", on_delete=models.PROTECT, null=True, blank=True,
+                                         related_name="+")
+    # Its title, chapter headings, closing and mail, rendered from that version for its subject at its
+    # first step ({} for a report loaded before templates: the default's, which read no subject field).
+    layout = models.JSONField(default=dict, blank=True)
     synthesis = models.TextField(null=True, blank=True)  # every chapter reads it; never delivered
     sealed_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
@@ -174,6 +181,49 @@ class Report(models.Model):
 
     def __str__(self):
         return f"report {self.job_id}"
+
+
+REPORT_TEMPLATE_NAME_CONSTRAINT = "report_template_client_name"
+REPORT_TEMPLATE_VERSION_CONSTRAINT = "report_template_version_number"
+
+
+class ReportTemplate(models.Model):
+    """A client's own report template (docs/design.md, "Report templates"): a name, its versions, and the
+    version its `live` label points at (what a job naming the template without a version is written from)."""
+
+    client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="report_templates")
+    name = models.CharField(max_length=64)
+    live = models.PositiveIntegerField(default=1)  # the number of the version `live` points at
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # One name per client: two first POSTs of one name racing make one template (the loser reads it).
+            models.UniqueConstraint(fields=["client", "name"], name=REPORT_TEMPLATE_NAME_CONSTRAINT),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class ReportTemplateVersion(models.Model):
+    """One version, immutable once written: its body is the API's form, as the client wrote it. A job pins
+    one at submit (its input names it), so nothing edited later changes a report already accepted."""
+
+    template = models.ForeignKey(ReportTemplate, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    body = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Numbers are the template's own, 1, 2, 3...: two edits racing cannot both be version n.
+            models.UniqueConstraint(fields=["template", "number"], name=REPORT_TEMPLATE_VERSION_CONSTRAINT),
+        ]
+
+    def __str__(self):
+        return f"{self.template.name} v{self.number}"
 
 
 class ChapterStatus(models.TextChoices):

@@ -21,7 +21,9 @@ from django.utils import timezone
 
 from config.celery import app
 from executor import policy
-from jobs.api.errors import IdempotencyConflict
+from jobs.api.errors import IdempotencyConflict, InvalidRequest
+from jobs.kinds.report import templates
+from jobs.kinds.report.kind import report_input
 from jobs.kinds.report.reports import report_mail_link
 from jobs.services import job_create, request_hash
 from orders.models import Order, OrderStatus
@@ -76,6 +78,22 @@ def _insert(client, data: dict, digest: str, status: str, duplicate_of=None) -> 
     return found[0] if found else None
 
 
+def order_job_input(*, client, data: dict) -> dict:
+    """The report's input as the order's job gets it: written from the template the input names; else from
+    the client's template named as the order's `product`, where it has one (at its `live` version); else
+    from the built-in default. Its version is pinned now (jobs.kinds.report.kind.report_input), on the job
+    only: the order keeps its input as sent, so a replay sent after `live` moved is the same order (200).
+    A template the subject cannot fill (or one the client does not have) is refused, before anything is
+    written: InvalidRequest naming `input.<field>`."""
+    report = {**data["input"], "email": data["email"]}
+    if "template" not in report and templates.version_row(client_id=client.id, name=data["product"]) is not None:
+        report["template"] = {"name": data["product"]}
+    errors, job_input = report_input(report, client_id=client.id)
+    if errors:
+        raise InvalidRequest("The request body is not valid.", fields={"input": errors})
+    return job_input
+
+
 def order_create(*, client, data: dict) -> tuple[Order, bool]:
     """A paid order (validated data). Returns (order, created): created False for a replay."""
     digest = order_hash(data)
@@ -97,7 +115,7 @@ def order_create(*, client, data: dict) -> tuple[Order, bool]:
             return Order.objects.get(id=inserted), True
         job, _ = job_create(client=client, idempotency_key=order_job_key(data["payment_id"]), data={
             "kind": "report", "models": [settings.ORDER_REPORT_MODEL],
-            "input": {**data["input"], "email": data["email"]},
+            "input": order_job_input(client=client, data=data),
             "policy": policy.default_policy(),
             "metadata": {"order_id": str(inserted), "payment_id": data["payment_id"], "run_id": data["run_id"],
                          "product": data["product"]},

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import events, views
+from jobs.api import events, report_templates, views
 from jobs.api.schema import DocsView, SchemaView
 
 urlpatterns = [
@@ -11,6 +11,11 @@ urlpatterns = [
     path("v1/jobs/<uuid:job_id>/output", views.JobOutputView.as_view(), name="job-output"),
     path("v1/jobs/<uuid:job_id>/report", views.JobReportView.as_view(), name="job-report"),
     path("v1/jobs/<uuid:job_id>/events", events.job_events, name="job-events"),
+    path("v1/report-templates", report_templates.ReportTemplateListCreateView.as_view(), name="report-templates"),
+    path("v1/report-templates/<str:name>/versions/<int:number>", report_templates.ReportTemplateVersionView.as_view(),
+         name="report-template-version"),
+    path("v1/report-templates/<str:name>/live", report_templates.ReportTemplateLiveView.as_view(),
+         name="report-template-live"),
     path("v1/whoami", views.WhoAmIView.as_view(), name="whoami"),
     path("v1/spend", views.SpendView.as_view(), name="spend"),
     path("v1/callbacks/<slug:provider>", views.provider_callback, name="provider-callback"),

@@ -270,9 +270,12 @@ def report_page(request, token: str):
         return _report_page_response(request, "jobs/report_not_found.html", {}, status=404)
     if report.sealed_at is None:  # a duplicate payment's link, mailed before the first report sealed
         return _report_page_response(request, "jobs/report_pending.html", {}, status=202)
-    chapters = [{"key": c.key, "title": c.key.replace("-", " ").capitalize(), "html": to_html(c.text or "")}
+    shown = reports.layout(report)  # the template's, rendered when the report was loaded
+    chapters = [{"key": c.key, "title": shown["headings"].get(c.key, c.key), "html": to_html(c.text or "")}
                 for c in reports.chapters_in_order(report)]
-    return _report_page_response(request, "jobs/report.html", {"report": report, "chapters": chapters}, status=200)
+    return _report_page_response(request, "jobs/report.html", {
+        "report": report, "chapters": chapters, "layout": shown,
+        "closing": to_html(shown["closing"]) if shown.get("closing") else ""}, status=200)
 
 
 # --- spend (money is billing's; this is its API) ------------------------------------------------------------

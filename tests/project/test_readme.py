@@ -11,6 +11,7 @@ output must hold each of those lines, whole and in order: an example that stops 
 The first job in each client library (```python, ```ts) runs the same way, each block on its own.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -22,9 +23,10 @@ import pytest
 
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
-from tests.support.procs import REPO_ROOT
+from tests.support.procs import REPO_ROOT, process_env
 
 README = REPO_ROOT / "README.md"
+TEMPLATES_DOC = REPO_ROOT / "docs" / "report-templates.md"
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 README_WEB = "http://127.0.0.1:8000"
 README_SANDBOX = "http://127.0.0.1:8100"
@@ -82,33 +84,56 @@ def test_only_marked_blocks_are_skipped_and_every_other_one_shows_what_it_prints
     assert any("make run" in block for block in skipped)  # the two commands are the quickstart's first
 
 
-@pytest.mark.e2e
-@pytest.mark.django_db(transaction=True)
-def test_the_readme_quickstart_runs_against_a_real_stack(web_stack, web_worker, ledger, tmp_path):
-    credentials = client_create(name="readme")
-    blocks = [block for block in readme_sh_blocks() if not block.startswith(SKIP_MARK)]
+def run_sh_blocks(document: Path, web_stack, ledger, tmp_path, *, key: str, cwd: Path, env: dict | None = None) -> None:
+    """Every ```sh block of `document` not marked skipped, in one bash, against the test's stack; each prints
+    what it shows."""
+    blocks = [body for lang, body in fenced_blocks(document.read_text())
+              if lang == "sh" and not body.startswith(SKIP_MARK)]
     script = []
     for number, block in enumerate(blocks):
+        assert PRINTS.search(block), f"a block that runs shows what it prints:\n{block}"
         script.append(f"printf '\\n{BLOCK_MARKER.format(number)}\\n'")
         script.append(block.replace(README_WEB, web_stack.url).replace(README_SANDBOX, ledger.url))
     script.append(f"printf '\\n{BLOCK_MARKER.format('end')}\\n'")
-    path = tmp_path / "readme.sh"
+    path = tmp_path / "blocks.sh"
     path.write_text("\n".join(script) + "\n")
-    env = {**os.environ, "KEY": credentials["api_key"]}
-    done = subprocess.run(["bash", "-euo", "pipefail", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    done = subprocess.run(["bash", "-euo", "pipefail", str(path)], cwd=cwd, env={**(env or os.environ), "KEY": key},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     outputs = re.split(r"^::readme-block (\S+)::\n", done.stdout, flags=re.M)[1:]
     printed = dict(zip(outputs[::2], outputs[1::2]))
     if done.returncode != 0 or "end" not in printed:
         last = [name for name in printed if name != "end"][-1:] or ["0"]
-        pytest.fail(f"README block {last[0]} stopped (exit {done.returncode}):\n{blocks[int(last[0])]}\n"
+        pytest.fail(f"{document.name} block {last[0]} stopped (exit {done.returncode}):\n{blocks[int(last[0])]}\n"
                     f"it printed:\n{printed.get(last[0], done.stdout)}")
     for number, block in enumerate(blocks):
         assert_prints(block, printed[str(number)])
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_readme_quickstart_runs_against_a_real_stack(web_stack, web_worker, ledger, tmp_path):
+    credentials = client_create(name="readme")
+    run_sh_blocks(README, web_stack, ledger, tmp_path, key=credentials["api_key"], cwd=tmp_path)
     # Every charge the examples made is one attempt of payonce's, at its recorded cost: the first
     # render, the failed one and its retry, and the report's synthesis and chapters.
     charges = assert_books_balance(ledger)
     assert sum(charge["model"] == "video-keyed" for charge in charges) == 3
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_report_templates_walkthrough_runs_against_a_real_stack(web_stack, web_worker, ledger, tmp_path):
+    """docs/report-templates.md, run as a reader would from the project's root after `make run`: its
+    `manage.py` lines find the demo client (var/demo_client.json, here the test's own client) in the
+    test's database. The product it sells is one synthesis and three chapters, each paid once."""
+    credentials = client_create(name="templates-walkthrough")
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "demo_client.json").write_text(json.dumps({"client_id": credentials["client_id"]}))
+    env = process_env(PAYONCE_VAR_DIR=tmp_path / "var")
+    run_sh_blocks(TEMPLATES_DOC, web_stack, ledger, tmp_path, key=credentials["api_key"], cwd=REPO_ROOT,
+                  env={**os.environ, **env})
+    charges = assert_books_balance(ledger)
+    assert len(charges) == 4
 
 
 @pytest.mark.e2e

@@ -17,9 +17,9 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from executor.models import ModelKind
-from jobs.api.serializers import METADATA_MAX_BYTES, StrictCharField, StrictSerializer
+from jobs.api.serializers import METADATA_MAX_BYTES, StrictCharField, StrictIntegerField, StrictSerializer
 from jobs.engine.workflow import Kind
-from jobs.kinds.report import reports
+from jobs.kinds.report import reports, templates
 from jobs.kinds.report.recipe import RECIPE
 from jobs.models import ChapterStatus, Job, Report, ReportChapter
 
@@ -30,15 +30,32 @@ _CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
 
 
 
+class TemplateRefSerializer(StrictSerializer):
+    """Which template a report is written from: a name of the client's, and a version number or a label
+    (only `live`, the default)."""
+
+    name = StrictCharField(max_length=64, trim_whitespace=False)
+    version = StrictIntegerField(min_value=1, required=False)
+    label = serializers.ChoiceField(choices=[templates.LIVE], required=False)
+
+    def validate(self, attrs):
+        if "version" in attrs and "label" in attrs:
+            raise serializers.ValidationError("Give a version or a label, not both.")
+        return attrs
+
+
 class ReportInputSerializer(StrictSerializer):
     """A report's input: the subject it is written about (personal: purged after the retention period),
-    its chapters (slugs, in order, each once) and where the link goes. Its validated_data is what is
-    stored: a chapter key is taken exactly as sent (not trimmed: " sun" or "sun\n" is not a slug and
-    is refused, rather than checked trimmed and stored raw), the email trimmed as DRF's EmailField does."""
+    its chapters (slugs, in order, each once), where the link goes, and the template it is written from
+    (none: the built-in default, whose chapters are any keys). Its validated_data is what is stored: a
+    chapter key is taken exactly as sent (not trimmed: " sun" or "sun\n" is not a slug and is refused,
+    rather than checked trimmed and stored raw), the email trimmed as DRF's EmailField does."""
 
     subject = serializers.DictField()
-    chapters = serializers.ListField(child=StrictCharField(max_length=64, trim_whitespace=False), min_length=1)
+    chapters = serializers.ListField(child=StrictCharField(max_length=64, trim_whitespace=False), min_length=1,
+                                     required=False)
     email = serializers.EmailField(max_length=254)
+    template = TemplateRefSerializer(required=False)
 
     def validate_subject(self, value):
         size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
@@ -59,14 +76,52 @@ class ReportInputSerializer(StrictSerializer):
         return value
 
 
+def report_input(data, *, client_id) -> tuple[dict, dict]:
+    """A report's input checked, and its template pinned: (errors, the input to store). With a template,
+    its version is resolved now (a number given, or where `live` points now) and written into the input
+    ({"name", "version"}): every run, retry and resume of the job is written from that version, whatever
+    is edited later. Its chapters are the template's (all, or those named, in the template's order), and
+    every text of it is rendered for the subject once, here: a variable the subject lacks is refused
+    naming it, before anything is stored or paid. Another client's template is no template of this one."""
+    checked = ReportInputSerializer(data=data)
+    if not checked.is_valid():
+        return dict(checked.errors), {}
+    cleaned = dict(checked.validated_data)
+    ref = cleaned.get("template")
+    if ref is None:
+        if "chapters" not in cleaned:  # the built-in template has no chapters of its own
+            return {"chapters": ["This field is required (or name a `template`)."]}, {}
+        version = templates.DEFAULT
+    else:
+        row = templates.version_row(client_id=client_id, name=ref["name"], number=ref.get("version"))
+        if row is None:
+            return {"template": [f"You have no report template {ref['name']!r}"
+                                 + (f" with a version {ref['version']}." if "version" in ref else ".")]}, {}
+        version = templates.version_of(row.id)
+        cleaned["template"] = {"name": version.name, "version": version.number}
+        known = version.keys()
+        unknown = [key for key in cleaned.get("chapters", []) if key not in known]
+        if unknown:
+            return {"chapters": [f"Not chapters of {version.name} v{version.number}: {', '.join(unknown[:5])}."
+                                 f" Its chapters: {', '.join(known)}."]}, {}
+        chosen = set(cleaned.get("chapters") or known)
+        cleaned["chapters"] = [key for key in known if key in chosen]  # in the template's order
+    try:
+        version.check_subject(cleaned["subject"], cleaned["chapters"])
+    except templates.TemplateProblem as problem:
+        return {"subject": [f"The template's {problem.field} cannot be written for this subject: {problem.message}"]}, {}
+    return {}, cleaned
+
+
 def accept_input(attrs: dict, *, client) -> dict:
     """The create serializer's check of a report's `input`; a report has no output key (jobs.engine.workflow.Kind)."""
-    report_input = ReportInputSerializer(data=attrs["input"])
-    if not report_input.is_valid():
-        return {"input": report_input.errors}
+    # No client (a serializer used on its own): no template but the built-in one.
+    errors, cleaned = report_input(attrs["input"], client_id=client.id if client is not None else None)
+    if errors:
+        return {"input": errors}
     if "output_key" in attrs:
         return {"output_key": ["A report has no output key: it is read at /v1/jobs/{id}/report."]}
-    attrs["input_as_sent"], attrs["input"] = attrs["input"], dict(report_input.validated_data)
+    attrs["input_as_sent"], attrs["input"] = attrs["input"], cleaned
     return {}
 
 
@@ -119,17 +174,27 @@ def worst_cases(jobs) -> Decimal:
             .annotate(left=Coalesce(Subquery(left), 0), first_model=KeyTextTransform("0", "model_chain"),
                       orphan_input=Case(When(report__isnull=True, then=F("input")), output_field=JSONField()))
             .values_list("report__job_id", "report__subject", "report__chapter_keys", "report__synthesis", "left",
-                         "first_model", "orphan_input", "client_id"))
-    for has_row, subject, chapter_keys, synthesis, chapters_left, model, orphan_input, client_id in rows.iterator(
+                         "first_model", "orphan_input", "client_id", "report__template_version_id"))
+    for has_row, subject, chapter_keys, synthesis, chapters_left, model, orphan_input, client_id, version_id in rows.iterator(
             chunk_size=CHUNK):
         if has_row is None:
             orphan_input = orphan_input or {}
             subject, chapter_keys = orphan_input.get("subject"), list(orphan_input.get("chapters", []))
             chapters_left = len(chapter_keys)
+            version_id = _pinned_version_id(orphan_input, client_id)
         # Only what the prompts are made of: a model instance per row would cost more than its pricing.
-        report = SimpleNamespace(subject=subject, chapter_keys=chapter_keys, synthesis=synthesis)
+        report = SimpleNamespace(subject=subject, chapter_keys=chapter_keys, synthesis=synthesis,
+                                 template_version_id=version_id)
         total += reports.run_worst_case(report, model, chapters_left=chapters_left, client_id=client_id)
     return total
+
+
+def _pinned_version_id(data: dict, client_id) -> int | None:
+    pinned = data.get("template")
+    if not pinned:
+        return None
+    row = templates.version_row(client_id=client_id, name=pinned["name"], number=pinned["version"])
+    return row.id if row is not None else None
 
 
 # --- the operators' job page ---------------------------------------------------------------------------------

@@ -34,10 +34,12 @@ def synthesis(ctx) -> dict:
     """Every chapter reads it; never delivered. Written once: a resumed report and a person's retry
     (a new run) reuse it verbatim."""
     report = reports.report_of(ctx.job.id)
+    if not reports.has_synthesis(report):  # the template writes none: the chapters read the subject alone
+        return {"synthesis": False}
     if report.synthesis is None:
-        answer = llm.llm_call(ctx.job, step="synthesis", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
+        answer = llm.llm_call(ctx.job, step="synthesis", model_name=_model(ctx), system=reports.system_prompt(report),
                               messages=reports.synthesis_messages(report, client_id=ctx.job.client_id),
-                              max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
+                              max_tokens=reports.version(report).synthesis_max_tokens)
         if not answer["text"].strip():
             raise JobFailure(JobErrorCode.CHAPTER_FAILED, "The synthesis came back empty.", chapters=["synthesis"])
         reports.synthesis_save(report=report, text=answer["text"])
@@ -85,9 +87,9 @@ def write_chapter(ctx, key: str) -> dict:
     if kept is not None:
         return {"key": key, "kept": True}
     try:
-        answer = llm.llm_call(ctx.job, step=f"chapter-{key}", model_name=_model(ctx), system=reports.SYSTEM_PROMPT,
+        answer = llm.llm_call(ctx.job, step=f"chapter-{key}", model_name=_model(ctx), system=reports.system_prompt(report),
                               messages=reports.chapter_messages(report, key, client_id=ctx.job.client_id),
-                              max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS, pool=_pool(ctx))
+                              max_tokens=reports.version(report).chapter_max_tokens, pool=_pool(ctx))
     except JobFailure as failure:
         reports.chapter_fail(report=report, key=key, error=f"{failure.code}: {failure.message}")
         raise

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 from decimal import Decimal
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.core import signing
@@ -17,15 +18,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from executor import llm
+from jobs.kinds.report import templates
+from jobs.kinds.report.templates import Version
 from jobs.models import OPEN_STATUSES, ChapterStatus, Job, Report, ReportChapter
 
 logger = logging.getLogger(__name__)
 
 LINK_SALT = "payonce.report-link"
-SYSTEM_PROMPT = (
-    "You write one part of a long personal report. Write in Markdown, plainly and warmly, to the person "
-    "the subject describes. Never invent facts the subject does not give."
-)
+# The built-in template's system prompt (a report that names no template is written from it).
+SYSTEM_PROMPT = templates.DEFAULT.system
 
 
 # --- loading and the checkpoint -------------------------------------------------------------------------
@@ -39,12 +40,20 @@ def figures_of(subject: dict) -> dict:
 
 
 def report_load(*, job) -> Report:
-    """Save the input onto the report (first, so its figures survive the later purge) and seed the
-    chapter checkpoint: one row per chapter, `pending` unless an earlier run finished it."""
+    """Save the input onto the report (first, so its figures survive the later purge), with the template
+    version the job pinned at submit and the report's layout rendered from it (its title, headings,
+    closing and mail, which read the subject: rendered now, they stay readable after the purge), and seed
+    the chapter checkpoint: one row per chapter, `pending` unless an earlier run finished it."""
     data = job.input
+    pinned = data.get("template")
+    version_row = None
+    if pinned is not None:  # pinned at submit (accept_input): a version is never deleted nor changed
+        version_row = templates.version_row(client_id=job.client_id, name=pinned["name"], number=pinned["version"])
+    version = templates.version_of(version_row.id if version_row is not None else None)
     report, _ = Report.objects.get_or_create(job_id=job.id, defaults={
         "subject": data["subject"], "email": data["email"], "figures": figures_of(data["subject"]),
-        "chapter_keys": list(data["chapters"]),
+        "chapter_keys": list(data["chapters"]), "template_version": version_row,
+        "layout": layout_of(version, data["subject"], list(data["chapters"]), link=report_link(job.id)),
     })
     ReportChapter.objects.bulk_create(
         [ReportChapter(report=report, key=key, position=n) for n, key in enumerate(report.chapter_keys)],
@@ -105,9 +114,23 @@ def _scope_line(client_id) -> str:
     return f"Scope: {scope_tag(client_id)}\n\n"
 
 
+def version(report: Report) -> Version:
+    """The template version the report is written from (pinned at submit; the built-in default if none)."""
+    return templates.version_of(report.template_version_id)
+
+
+def system_prompt(report: Report) -> str:
+    return version(report).system_prompt(report.subject or {})
+
+
+def has_synthesis(report: Report) -> bool:
+    """Whether the report's template writes a synthesis first (a template may have none)."""
+    return version(report).synthesis is not None
+
+
 def synthesis_messages(report: Report, *, client_id) -> list[dict]:
-    return [{"role": "user", "content": f"{_scope_line(client_id)}Subject:\n{_subject_text(report)}\n\nWrite the "
-                                        "synthesis: the few paragraphs every chapter of the report builds on."}]
+    instruction = version(report).synthesis_instruction(report.subject or {})
+    return [{"role": "user", "content": f"{_scope_line(client_id)}Subject:\n{_subject_text(report)}\n\n{instruction}"}]
 
 
 # Providers cache no prefix shorter than this (Anthropic: 1,024 tokens for most models; OpenAI: 1,024):
@@ -118,50 +141,87 @@ CACHE_MIN_TOKENS = 1024
 def shared_prefix_tokens(report: Report, *, client_id) -> int:
     """About how many tokens the chapters' shared prefix is (four characters a token): whether a
     provider would cache it at all."""
-    return (len(SYSTEM_PROMPT) + len(chapter_messages(report, "", client_id=client_id)[0]["content"][0]["text"])) // 4
+    return (len(system_prompt(report)) + len(_shared_text(report, client_id=client_id))) // 4
+
+
+def _shared_text(report: Report, *, client_id) -> str:
+    synthesis = f"Synthesis:\n{report.synthesis}\n\n" if has_synthesis(report) else ""
+    return f"{_scope_line(client_id)}Subject:\n{_subject_text(report)}\n\n{synthesis}"
 
 
 def chapter_messages(report: Report, key: str, *, client_id) -> list[dict]:
     """What every chapter shares comes first, in one block marked as a cache breakpoint (with the system
     prompt before it, the provider's cached prefix): the client's scope line, the subject and the
-    synthesis. The chapter's own instruction follows it, so the prefix is byte for byte the same in every
-    chapter of the report, and in every run of it, and no other client's prompt ever has it."""
-    shared = {"type": "text", "text": f"{_scope_line(client_id)}Subject:\n{_subject_text(report)}\n\n"
-                                      f"Synthesis:\n{report.synthesis}\n\n"}
+    synthesis. The chapter's own instruction (its template's, rendered for the subject) follows it, so the
+    prefix is byte for byte the same in every chapter of the report, and in every run of it (the version
+    is pinned), and no other client's prompt ever has it."""
+    shared = {"type": "text", "text": _shared_text(report, client_id=client_id)}
     if settings.REPORT_PROMPT_CACHE:
         shared["cache_control"] = {"type": "ephemeral"}
-    return [{"role": "user", "content": [shared, {"type": "text", "text": f"Write the chapter \"{key}\" of the report."}]}]
+    instruction = version(report).chapter_instruction(key, report.subject or {})
+    return [{"role": "user", "content": [shared, {"type": "text", "text": instruction}]}]
 
 
 # --- what a run may cost ----------------------------------------------------------------------------------
 
 
 def synthesis_worst_case(report: Report, model: str, *, client_id) -> Decimal:
-    """The most the synthesis call can cost."""
-    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=synthesis_messages(report, client_id=client_id),
-                          max_tokens=settings.REPORT_SYNTHESIS_MAX_TOKENS)
+    """The most the synthesis call can cost (nothing, for a template without one)."""
+    if not has_synthesis(report):
+        return Decimal("0.000000")
+    return llm.worst_case(model, system=system_prompt(report), messages=synthesis_messages(report, client_id=client_id),
+                          max_tokens=version(report).synthesis_max_tokens)
 
 
 def chapter_worst_case(report: Report, model: str, *, client_id) -> Decimal:
-    """The most one chapter call can cost: the prompt of the chapter with the longest key."""
-    longest = max(report.chapter_keys, key=len)
-    return llm.worst_case(model, system=SYSTEM_PROMPT, messages=chapter_messages(report, longest, client_id=client_id),
-                          max_tokens=settings.REPORT_CHAPTER_MAX_TOKENS)
+    """The most one chapter call can cost: the prompt of the chapter with the longest instruction, with a
+    synthesis at its longest (its whole max_tokens, each token as long as the longest UTF-8 character),
+    whatever the synthesis said. So a report's worst case is the template's, the subject's and its
+    chapters' alone: the admin's preview (which calls no model) and the pre-flight price it alike."""
+    if has_synthesis(report):
+        report = copy.copy(report)
+        report.synthesis = "\U0010ffff" * version(report).synthesis_max_tokens
+    subject = report.subject or {}
+    longest = max(report.chapter_keys, key=lambda key: len(version(report).chapter_instruction(key, subject)))
+    return llm.worst_case(model, system=system_prompt(report), messages=chapter_messages(report, longest, client_id=client_id),
+                          max_tokens=version(report).chapter_max_tokens)
 
 
 def run_worst_case(report: Report, model: str, *, chapters_left: int, client_id) -> Decimal:
     """The most a run of this report may still reserve (and so pay), every call at its worst case: the
-    synthesis if it is not written, and each chapter not written (written ones are read back for free).
-    The chapters of a synthesis not written yet read one bounded by its whole max_tokens, each token as
-    long as the longest UTF-8 character."""
+    synthesis if it is not written, and each chapter not written (written ones are read back for free)."""
     total = Decimal("0.000000")
     if report.synthesis is None:
         total += synthesis_worst_case(report, model, client_id=client_id)
-        report = copy.copy(report)
-        report.synthesis = "\U0010ffff" * settings.REPORT_SYNTHESIS_MAX_TOKENS
     if chapters_left:
         total += chapter_worst_case(report, model, client_id=client_id) * chapters_left
     return total
+
+
+def preview(*, version_id: int | None, subject: dict, model: str, client_id, chapters: list[str] | None = None) -> dict:
+    """Every prompt a report from this version sends for `subject`, its layout and mail, and the most it may
+    reserve at `model`'s rate card: computed as the pre-flight computes them (the same functions, on a
+    report not yet written), without calling a model. TemplateProblem: the subject cannot fill it."""
+    pinned = templates.version_of(version_id)
+    keys = chapters or pinned.keys()
+    pinned.check_subject(subject, keys)
+    report = SimpleNamespace(job_id=None, subject=subject, chapter_keys=keys, synthesis=None,
+                             template_version_id=version_id)
+    synthesis = synthesis_worst_case(report, model, client_id=client_id)
+    per_chapter = chapter_worst_case(report, model, client_id=client_id) if keys else Decimal("0.000000")
+    shown = layout_of(pinned, subject, keys, link=f"{settings.PUBLIC_BASE_URL}/r/<token>")
+    written = copy.copy(report)
+    written.synthesis = "<the synthesis>"
+    return {
+        "system": system_prompt(report),
+        "synthesis": synthesis_messages(report, client_id=client_id)[0]["content"] if has_synthesis(report) else None,
+        "chapters": [{"key": key, "heading": shown["headings"][key],
+                      "prompt": "".join(part["text"] for part in chapter_messages(written, key, client_id=client_id)[0]["content"])}
+                     for key in keys],
+        "layout": shown,
+        "worst_case": {"model": model, "synthesis_usd": synthesis, "per_chapter_usd": per_chapter, "chapters": len(keys),
+                       "total_usd": run_worst_case(report, model, chapters_left=len(keys), client_id=client_id)},
+    }
 
 
 # --- writing --------------------------------------------------------------------------------------------
@@ -223,22 +283,45 @@ def chapters_in_order(report: Report) -> list[ReportChapter]:
     return list(report.chapters.order_by("position"))
 
 
+def layout_of(version: Version, subject: dict, keys: list[str], *, link: str) -> dict:
+    """The report's layout and mail, rendered for its subject (saved on the report at its first step)."""
+    mail_subject, mail_body = version.mail(subject, link=link)
+    return {"title": version.title(subject), "page_title": version.page(subject), "figures": version.figures,
+            "headings": {key: version.heading(key, subject) for key in keys},
+            "closing": version.closing_text(subject), "mail_subject": mail_subject, "mail_body": mail_body}
+
+
+def layout(report: Report) -> dict:
+    """The rendered layout; a report loaded before templates existed has none saved: the default's, which
+    reads no subject field."""
+    return report.layout or layout_of(templates.DEFAULT, {}, list(report.chapter_keys), link=report_link(report.job_id))
+
+
 def as_markdown(report: Report) -> str:
-    parts = [f"# Your report\n\n_Figures: {', '.join(str(n) for n in report.figures.get('chart', []))}_\n"]
+    """The sealed report: the layout's title as a `#` heading (and the figures line, where the layout has
+    it), each chapter under its heading, then the closing."""
+    shown = layout(report)
+    figures = f"\n_Figures: {', '.join(str(n) for n in report.figures.get('chart', []))}_\n" if shown["figures"] else ""
+    parts = [f"# {shown['title']}\n{figures}"]
     for chapter in chapters_in_order(report):
-        parts.append(f"## {chapter.key.replace('-', ' ').capitalize()}\n\n{chapter.text}\n")
+        parts.append(f"## {shown['headings'].get(chapter.key, chapter.key)}\n\n{chapter.text}\n")
+    if shown.get("closing"):
+        parts.append(f"{shown['closing']}\n")
     return "\n".join(parts)
 
 
 # --- delivery --------------------------------------------------------------------------------------------
 
 
-def report_mail_link(*, job_id, to: str, subject: str = "Your report is ready") -> None:
-    """Send the report's link to `to` through EMAIL_URL's backend (raises if the mail server cannot take it)."""
-    body = (f"Your report is ready. Read it here:\n\n{report_link(job_id)}\n\n"
-            f"The link works for {settings.REPORT_LINK_MAX_AGE_S // 86400} days.\n")
+def report_mail_link(*, job_id, to: str, subject: str | None = None) -> None:
+    """Send the report's link to `to` through EMAIL_URL's backend (raises if the mail server cannot take it):
+    the template's mail, rendered when the report was loaded (the default's while it is not: a duplicate
+    order's mail may go before the first report's first step); `subject` replaces its subject line."""
+    report = Report.objects.filter(job_id=job_id).first()
+    shown = layout(report) if report is not None else layout_of(templates.DEFAULT, {}, [], link=report_link(job_id))
     with get_connection(fail_silently=False, timeout=settings.EMAIL_TIMEOUT) as mailer:
-        EmailMessage(subject, body, settings.DEFAULT_FROM_EMAIL, [to], connection=mailer).send()
+        EmailMessage(subject or shown["mail_subject"], shown["mail_body"], settings.DEFAULT_FROM_EMAIL, [to],
+                     connection=mailer).send()
 
 
 def report_mark_delivered(*, report: Report) -> bool:
@@ -268,5 +351,9 @@ def reports_purge_input(*, job_ids) -> None:
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("a purge is one transaction (operators.purge)")
     for report in Report.objects.filter(job_id__in=job_ids).select_for_update():
-        Job.objects.filter(id=report.job_id).update(input={"chapters": report.chapter_keys, "purged": True})
+        kept = {"chapters": report.chapter_keys, "purged": True}
+        if report.template_version_id is not None:  # which version it was written from is no personal data
+            pinned = version(report)
+            kept["template"] = {"name": pinned.name, "version": pinned.number}
+        Job.objects.filter(id=report.job_id).update(input=kept)
     Report.objects.filter(job_id__in=job_ids).update(subject=None, email="", purged_at=timezone.now())
