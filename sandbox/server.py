@@ -625,6 +625,10 @@ class Handler(BaseHTTPRequestHandler):
         if model.is_async:
             raise _invalid(f"model {model_id} is rendered by POST /v1/generations")
 
+        # The prompt as it arrived, in the call log: the system prompt and each message's text (its blocks
+        # joined), so a test reads what a provider was sent.
+        self.call["prompt"] = {"system": system, "messages": [
+            m["content"] if isinstance(m["content"], str) else "".join(b["text"] for b in m["content"]) for m in messages]}
         # fail_render has no meaning for a synchronous call: such faults wait for a generation.
         fault = self._begin("submit", skip_actions=frozenset({"fail_render", "drop_callback"}))
         reply = catalog.llm_reply(system, messages, max_tokens)

@@ -208,6 +208,7 @@ class State:
         fault_on: str | None = None,
         skip_actions: frozenset = frozenset(),
         status: int | None = None,
+        prompt: dict | None = None,
     ) -> tuple[int, dict | None]:
         """Record one provider call and, when fault_on is given, take the first matching fault.
 
@@ -232,6 +233,8 @@ class State:
                 "fault": fault["action"] if fault else None,
                 "status": status,
             }
+            if prompt is not None:  # an LLM call's prompt, as it arrived (what a test checks was sent)
+                call["prompt"] = prompt
             self._emit({"e": "call", "call": call, "fault_id": fault["id"] if fault else None})
             return seq, fault
 
