@@ -181,8 +181,7 @@ def chapter_worst_case(report: Report, model: str, *, client_id) -> Decimal:
     if has_synthesis(report):
         report = copy.copy(report)
         report.synthesis = "\U0010ffff" * version(report).synthesis_max_tokens
-    subject = report.subject or {}
-    longest = max(report.chapter_keys, key=lambda key: len(version(report).chapter_instruction(key, subject)))
+    longest = version(report).longest_chapter(report.chapter_keys, report.subject or {})
     return llm.worst_case(model, system=system_prompt(report), messages=chapter_messages(report, longest, client_id=client_id),
                           max_tokens=version(report).chapter_max_tokens)
 

@@ -116,6 +116,8 @@ def _compiled(source: str):
 def render(field: str, source: str, **variables) -> str:
     """The text for these variables. A variable without a value here (a field the subject lacks) raises
     TemplateProblem naming it; so does anything the sandbox refuses."""
+    if "{" not in source:  # no tag at all: the text as it is (the built-in prompts; a bulk retry prices thousands)
+        return source
     try:
         return _compiled(source).render(**variables)
     except TemplateError as exc:  # UndefinedError and SecurityError are TemplateErrors
@@ -188,6 +190,16 @@ class Version:
 
     def keys(self) -> list[str]:
         return [chapter.key for chapter in self.chapters]
+
+    def longest_chapter(self, keys: list[str], subject: dict) -> str:
+        """The key whose rendered instruction is the longest (the chapter a worst case prices). The built-in
+        template's open chapters differ only by the key they print, so theirs is the longest key, found
+        without rendering (a bulk retry's preview prices thousands of reports); a template's own chapters
+        are rendered, each."""
+        own = {chapter.key for chapter in self.chapters}
+        if self.open_chapter is not None and not own.intersection(keys):
+            return max(keys, key=len)
+        return max(keys, key=lambda key: len(self.chapter_instruction(key, subject)))
 
     # --- its texts, rendered (the prompts' bytes must be the same in every run: they are pure functions of
     # the version, the subject and the key) ---
