@@ -18,7 +18,8 @@ from jobs.kinds.report import templates
 from jobs.models import ReportTemplate
 
 # A template's name; an order's `product` of the same name is written from it (orders.views).
-NAME = re.compile(r"\A[a-z0-9][a-z0-9._-]{0,63}\Z", re.ASCII)
+NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
+NAME = re.compile(rf"\A{NAME_PATTERN}\Z", re.ASCII)
 _CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
 _TITLE_MAX_CHARS = 500
 

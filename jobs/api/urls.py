@@ -1,7 +1,23 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from jobs.api import events, report_templates, views
 from jobs.api.schema import DocsView, SchemaView
+
+
+class TemplateNameConverter:
+    """A report template's name as the API writes it (jobs.api.report_templates.NAME): anything else (a NUL, a
+    slash, upper case) is no such path, 404, never a lookup PostgreSQL would refuse."""
+
+    regex = report_templates.NAME_PATTERN
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(TemplateNameConverter, "template_name")
 
 urlpatterns = [
     path("v1/jobs", views.JobListCreateView.as_view(), name="jobs"),
@@ -12,9 +28,9 @@ urlpatterns = [
     path("v1/jobs/<uuid:job_id>/report", views.JobReportView.as_view(), name="job-report"),
     path("v1/jobs/<uuid:job_id>/events", events.job_events, name="job-events"),
     path("v1/report-templates", report_templates.ReportTemplateListCreateView.as_view(), name="report-templates"),
-    path("v1/report-templates/<str:name>/versions/<int:number>", report_templates.ReportTemplateVersionView.as_view(),
+    path("v1/report-templates/<template_name:name>/versions/<int:number>", report_templates.ReportTemplateVersionView.as_view(),
          name="report-template-version"),
-    path("v1/report-templates/<str:name>/live", report_templates.ReportTemplateLiveView.as_view(),
+    path("v1/report-templates/<template_name:name>/live", report_templates.ReportTemplateLiveView.as_view(),
          name="report-template-live"),
     path("v1/whoami", views.WhoAmIView.as_view(), name="whoami"),
     path("v1/spend", views.SpendView.as_view(), name="spend"),

@@ -232,3 +232,11 @@ def test_versions_are_read_as_written_and_live_moves_only_where_asked(api):
         "subject": SUBJECT, "email": "a@example.com", "template": {"name": "garden-plan"}, "chapters": ["moon"]}},
         key="unknown-chapter")
     assert unknown.status_code == 422 and "moon" in json.dumps(unknown.json())
+
+
+def test_a_name_no_template_can_have_is_no_such_path_never_a_lookup(api):
+    for path in ("/v1/report-templates/a%00b/versions/1", "/v1/report-templates/Garden/versions/1",
+                 "/v1/report-templates/a%00b/live"):
+        answer = api.http.post(path, data="{}", content_type="application/json", headers=api.headers()) \
+            if path.endswith("/live") else api.get(path)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "NOT_FOUND", (path, answer.content)
