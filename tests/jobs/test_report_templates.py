@@ -240,3 +240,15 @@ def test_a_name_no_template_can_have_is_no_such_path_never_a_lookup(api):
         answer = api.http.post(path, data="{}", content_type="application/json", headers=api.headers()) \
             if path.endswith("/live") else api.get(path)
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "NOT_FOUND", (path, answer.content)
+
+
+def test_a_text_cannot_grow_a_prompt_past_its_bounds(api, ledger):
+    many = "{{ subject.notes }}" * 101
+    refused = define(api, system=many)
+    assert refused.status_code == 422 and "At most 100 variables" in refused.json()["error"]["fields"]["system"][0]
+    define(api, system="{{ subject.notes }}" * 10)
+    huge = api.create({"kind": "report", "models": ["sandbox/llm"], "input": {
+        "subject": {**SUBJECT, "notes": "n" * 7000}, "email": "a@example.com", "template": {"name": "garden-plan"}}},
+        key="huge")
+    assert huge.status_code == 422 and "at most 64000" in json.dumps(huge.json())
+    assert not Job.objects.exists() and llm_calls(ledger) == []

@@ -40,9 +40,12 @@ SUBJECT = frozenset({"subject"})
 CHAPTER = frozenset({"subject", "chapter"})
 MAIL = frozenset({"subject", "link", "link_days"})
 
-# The longest text of one field, and the longest a version may be as a whole (its JSON).
+# The longest text of one field; the most variables one text may print (a subject's field printed a thousand
+# times would make a prompt of megabytes from a template of kilobytes); the longest a rendered text may be
+# (a subject the template fills past it is refused at submit).
 FIELD_MAX_CHARS = 20_000
-VERSION_MAX_BYTES = 64 * 1024
+FIELD_MAX_VARIABLES = 100
+RENDERED_MAX_CHARS = 64_000
 
 
 class TemplateProblem(ValueError):
@@ -87,6 +90,8 @@ def check_source(field: str, source: str, names: frozenset[str]) -> None:
         raise TemplateProblem(field, f"Not a valid template: {exc}.") from None
     for node in tree.find_all(nodes.Node):
         _check_node(field, node, names)
+    if sum(1 for _ in tree.find_all(nodes.Name)) > FIELD_MAX_VARIABLES:
+        raise TemplateProblem(field, f"At most {FIELD_MAX_VARIABLES} variables in one text.")
 
 
 def _check_node(field: str, node, names: frozenset[str]) -> None:
@@ -119,11 +124,14 @@ def render(field: str, source: str, **variables) -> str:
     if "{" not in source:  # no tag at all: the text as it is (the built-in prompts; a bulk retry prices thousands)
         return source
     try:
-        return _compiled(source).render(**variables)
+        text = _compiled(source).render(**variables)
     except TemplateError as exc:  # UndefinedError and SecurityError are TemplateErrors
         raise TemplateProblem(field, f"{exc}.") from None
     except (TypeError, ValueError) as exc:  # a filter given what it cannot take (join of a number)
         raise TemplateProblem(field, f"{exc}.") from None
+    if len(text) > RENDERED_MAX_CHARS:
+        raise TemplateProblem(field, f"Rendered for this subject it is {len(text)} characters; at most {RENDERED_MAX_CHARS}.")
+    return text
 
 
 # --- a version -------------------------------------------------------------------------------------------
