@@ -285,9 +285,16 @@ def chapters_in_order(report: Report) -> list[ReportChapter]:
 def layout_of(version: Version, subject: dict, keys: list[str], *, link: str) -> dict:
     """The report's layout and mail, rendered for its subject (saved on the report at its first step)."""
     mail_subject, mail_body = version.mail(subject, link=link)
-    return {"title": version.title(subject), "page_title": version.page(subject), "figures": version.figures,
-            "headings": {key: version.heading(key, subject) for key in keys},
-            "closing": version.closing_text(subject), "mail_subject": mail_subject, "mail_body": mail_body}
+    return {"title": _one_line(version.title(subject)), "page_title": _one_line(version.page(subject)),
+            "figures": version.figures, "headings": {key: _one_line(version.heading(key, subject)) for key in keys},
+            "closing": version.closing_text(subject), "mail_body": mail_body,
+            "mail_subject": _one_line(mail_subject)}  # a header: a line break in it would be refused by the mailer
+
+
+def _one_line(text: str) -> str:
+    """A heading is one line: a subject's value with a line break in it (a buyer's name) cannot open a
+    section of its own in the report's Markdown."""
+    return " ".join(text.split())
 
 
 def layout(report: Report) -> dict:
