@@ -12,7 +12,7 @@ import pytest
 
 from billing.models import Reservation
 from executor.models import Attempt
-from jobs.kinds.report import reports
+from jobs.kinds.report import reports, templates
 from jobs.kinds.report.reports import scope_tag
 from jobs.models import Job, Report, ReportTemplate
 from orders.models import Order
@@ -252,3 +252,12 @@ def test_a_text_cannot_grow_a_prompt_past_its_bounds(api, ledger):
         key="huge")
     assert huge.status_code == 422 and "at most 64000" in json.dumps(huge.json())
     assert not Job.objects.exists() and llm_calls(ledger) == []
+
+
+def test_a_subjects_line_break_cannot_open_a_section_or_break_the_mails_header():
+    version = templates.Version.from_body("garden-plan", 1, {k: v for k, v in GARDEN.items() if k != "name"})
+    shown = reports.layout_of(version, {**SUBJECT, "name": "Ada\n\n## Not a chapter\r\nBcc: x@example.com"},
+                              ["soil"], link="https://example.com/r/t")
+    assert shown["title"] == "A garden for Ada ## Not a chapter Bcc: x@example.com"
+    assert "\n" not in shown["mail_subject"] and "\r" not in shown["mail_subject"]
+    assert shown["headings"] == {"soil": "Your soil (soil)"}
