@@ -6,9 +6,12 @@ compared with the template's texts here is what a provider was sent. The books a
 
 import json
 import re
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.core.management import call_command
+from django.utils import timezone
 
 from billing.models import Reservation
 from executor.models import Attempt
@@ -261,3 +264,21 @@ def test_a_subjects_line_break_cannot_open_a_section_or_break_the_mails_header()
     assert shown["title"] == "A garden for Ada ## Not a chapter Bcc: x@example.com"
     assert "\n" not in shown["mail_subject"] and "\r" not in shown["mail_subject"]
     assert shown["headings"] == {"soil": "Your soil (soil)"}
+
+
+def test_a_purge_keeps_the_templated_report_readable_and_its_version_named(engine, api, ledger, mail_to, mailbox):
+    mail_to(mailbox)
+    define(api)
+    job_id = report(api, "garden-purged")
+    engine.run_job(job_id)
+    before = api.get(f"/v1/jobs/{job_id}/report").content
+    Report.objects.filter(job_id=job_id).update(created_at=timezone.now() - timedelta(days=91))
+
+    call_command("purge_personal_data", "--older-than", "90d")
+
+    purged = Report.objects.get(job_id=job_id)
+    assert purged.subject is None and "mail_body" not in purged.layout and "mail_subject" not in purged.layout
+    assert api.job(job_id)["input"] == {"chapters": ["soil", "plants", "year"], "purged": True,
+                                        "template": {"name": "garden-plan", "version": 1}}
+    assert api.get(f"/v1/jobs/{job_id}/report").content == before  # the same report, still in its layout
+    assert len(assert_books_balance(ledger)) == 4

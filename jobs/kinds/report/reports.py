@@ -299,8 +299,9 @@ def _one_line(text: str) -> str:
 
 def layout(report: Report) -> dict:
     """The rendered layout; a report loaded before templates existed has none saved: the default's, which
-    reads no subject field."""
-    return report.layout or layout_of(templates.DEFAULT, {}, list(report.chapter_keys), link=report_link(report.job_id))
+    reads no subject field (nor does its mail, which a purge removed: then the default's too)."""
+    fallback = layout_of(templates.DEFAULT, {}, list(report.chapter_keys), link=report_link(report.job_id))
+    return {**fallback, **(report.layout or {})}
 
 
 def as_markdown(report: Report) -> str:
@@ -362,4 +363,7 @@ def reports_purge_input(*, job_ids) -> None:
             pinned = version(report)
             kept["template"] = {"name": pinned.name, "version": pinned.number}
         Job.objects.filter(id=report.job_id).update(input=kept)
+        if report.layout:  # the mail, rendered for the buyer, goes; what the page shows stays with the chapters
+            Report.objects.filter(job_id=report.job_id).update(layout={
+                key: value for key, value in report.layout.items() if key not in ("mail_subject", "mail_body")})
     Report.objects.filter(job_id__in=job_ids).update(subject=None, email="", purged_at=timezone.now())
