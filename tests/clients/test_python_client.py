@@ -24,6 +24,7 @@ from payonce_client.errors import (
     APIConnectionError,
     APIError,
     IdempotencyConflict,
+    InvalidRequest,
     JobNotRetryable,
     JobTerminal,
     NotFound,
@@ -34,6 +35,7 @@ from payonce_client.errors import (
 from standardwebhooks.webhooks import Webhook
 
 from jobs.models import Job as JobRow
+from jobs.models import ReportTemplate, ReportTemplateVersion
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
 from tests.support.procs import REPO_ROOT
@@ -287,6 +289,182 @@ def test_orders(account, ledger):
         with pytest.raises(IdempotencyConflict):
             po.orders.create(**{**order, "email": "someone@example.com"})
     assert JobRow.objects.filter(client_id=account.client_id).count() == 1
+
+
+# --- report templates -----------------------------------------------------------------------------------
+
+GARDEN = {
+    "name": "garden-plan",
+    "system": "You are a garden designer writing for {{ subject.name }}.",
+    "synthesis": "Sum up what a garden for this plot should be.",
+    "chapters": [
+        {"key": "soil", "title": "Your soil", "instruction": "Advise on a {{ subject.plot }} plot."},
+        {"key": "plants", "title": "What to plant",
+         "instruction": "Choose ten plants for {{ subject.climate }} weather."}],
+    "max_output_tokens": 1200,
+    "layout": {"title": "A garden for {{ subject.name }}", "chapter_heading": "{{ chapter.title }}",
+               "closing": "_Planned for {{ subject.name }}._", "figures": False},
+    "mail": {"subject": "Your plan is ready", "body": "Read it here: {{ link }}"},
+    "page_title": "Your garden plan",
+}
+GARDEN_SUBJECT = {"name": "Ada", "plot": "clay", "climate": "maritime"}
+REACHING = {"name": "garden-plan", "system": "{{ ''.__class__ }}",
+            "chapters": [{"key": "a", "title": "A", "instruction": "B"}]}
+
+
+def test_report_templates_written_read_versioned_and_a_report_pinned_to_one(account, ledger):
+    seen_bodies: list[dict] = []
+    http = httpx.Client(base_url=account.url, event_hooks={"request": [
+        lambda request: seen_bodies.append(json.loads(request.content)) if request.method == "POST" else None]})
+    with client(account, http_client=http) as po:
+        made = po.report_templates.create(**GARDEN)
+        assert isinstance(made, payonce_client.ReportTemplateVersionCreated)
+        assert (made.name, made.version, made.live) == ("garden-plan", 1, True)
+        listed = po.report_templates.list()
+        assert [(t.name, t.live, t.versions) for t in listed] == [("garden-plan", 1, 1)]
+        assert isinstance(listed[0], payonce_client.ReportTemplateSummary)
+
+        v1 = po.report_templates.version("garden-plan", 1)
+        assert (v1.name, v1.version, v1.live) == ("garden-plan", 1, True)
+        assert v1.created_at is not None and v1.created_at.tzinfo is not None
+        assert abs((datetime.now(UTC) - v1.created_at).total_seconds()) < 60
+        assert (v1.system, v1.synthesis, v1.max_output_tokens, v1.page_title) == (
+            GARDEN["system"], GARDEN["synthesis"], 1200, "Your garden plan")
+        assert [(c.key, c.title, c.instruction) for c in v1.chapters] == [
+            (c["key"], c["title"], c["instruction"]) for c in GARDEN["chapters"]]
+        assert (v1.layout.title, v1.layout.chapter_heading, v1.layout.closing, v1.layout.figures) == (
+            "A garden for {{ subject.name }}", "{{ chapter.title }}", "_Planned for {{ subject.name }}._", False)
+        assert (v1.mail.subject, v1.mail.body) == ("Your plan is ready", "Read it here: {{ link }}")
+
+        # Version 2 from version 1 as read back (its typed parts are taken as they are), not made live.
+        two = po.report_templates.create(name="garden-plan", system=v1.system, chapters=v1.chapters,
+                                         synthesis=v1.synthesis, max_output_tokens=1500, layout=v1.layout,
+                                         mail=v1.mail, page_title=v1.page_title, live=False)
+        assert (two.name, two.version, two.live) == ("garden-plan", 2, False)
+        assert seen_bodies[-1] == {**GARDEN, "max_output_tokens": 1500, "live": False}
+        assert [(t.name, t.live, t.versions) for t in po.report_templates.list()] == [("garden-plan", 1, 2)]
+        v2 = po.report_templates.version("garden-plan", 2)
+        assert (v2.version, v2.live, v2.max_output_tokens) == (2, False, 1500)
+        assert po.report_templates.version("garden-plan", 1).live is True
+
+        moved = po.report_templates.set_live("garden-plan", 2)
+        assert isinstance(moved, payonce_client.ReportTemplateLive) and (moved.name, moved.live) == ("garden-plan", 2)
+        assert [(t.name, t.live, t.versions) for t in po.report_templates.list()] == [("garden-plan", 2, 2)]
+        assert po.report_templates.version("garden-plan", 2).live is True
+        assert po.report_templates.version("garden-plan", 1).live is False
+
+        # The optional fields left None are left out of the body, and read back as None.
+        bare = po.report_templates.create(name="bare.one", system="Write plainly.",
+                                          chapters=[{"key": "only", "title": "Only", "instruction": "Be brief."}])
+        assert (bare.version, bare.live) == (1, True)
+        assert seen_bodies[-1] == {"name": "bare.one", "system": "Write plainly.", "live": True,
+                                   "chapters": [{"key": "only", "title": "Only", "instruction": "Be brief."}]}
+        read = po.report_templates.version("bare.one", 1)
+        assert (read.synthesis, read.max_output_tokens, read.layout, read.mail, read.page_title) == (None,) * 5
+        assert [t.name for t in po.report_templates.list()] == ["bare.one", "garden-plan"]  # by name
+
+        # A text reaching past its variables is refused naming the field, and nothing is stored.
+        with pytest.raises(InvalidRequest) as refused:
+            po.report_templates.create(**REACHING)
+        assert (refused.value.status, refused.value.code) == (422, "INVALID_REQUEST")
+        assert list(refused.value.fields) == ["system"] and "__class__" in refused.value.fields["system"][0]
+        assert refused.value.fields == refused.value.details["fields"]
+        with pytest.raises(NotFound):
+            po.report_templates.version("garden-plan", 3)
+        with pytest.raises(NotFound):
+            po.report_templates.set_live("garden-plan", 3)
+        with pytest.raises(InvalidRequest) as no_version:
+            po.report_templates.set_live("garden-plan", 0)
+        assert list(no_version.value.fields) == ["version"]
+    stored = ReportTemplate.objects.get(client_id=account.client_id, name="garden-plan")
+    assert stored.live == 2 and ReportTemplateVersion.objects.filter(template=stored).count() == 2
+
+    # Another client's template name is no template of its own: the same 404 as none.
+    other = client_create(name="client-library-templates-other")
+    with Payonce(base_url=account.url, api_key=other["api_key"]) as theirs:
+        with pytest.raises(NotFound) as not_theirs:
+            theirs.report_templates.version("garden-plan", 1)
+        assert (not_theirs.value.status, not_theirs.value.code) == (404, "NOT_FOUND")
+        with pytest.raises(NotFound):
+            theirs.report_templates.set_live("garden-plan", 1)
+        assert theirs.report_templates.list() == []
+        with pytest.raises(InvalidRequest) as no_template:
+            theirs.jobs.create(kind="report", models=["sandbox/llm"],
+                               input={"subject": GARDEN_SUBJECT, "template": {"name": "garden-plan"},
+                                      "email": "ada@example.com"})
+        assert "template" in no_template.value.fields["input"]
+    assert ReportTemplate.objects.get(client_id=account.client_id, name="garden-plan").live == 2
+
+    # A report job naming the template, without chapters: pinned to the version `live` points at.
+    with client(account) as po:
+        job = po.jobs.create(kind="report", models=["sandbox/llm"],
+                             input={"subject": GARDEN_SUBJECT, "template": {"name": "garden-plan"},
+                                    "email": "ada@example.com"})
+        assert job.input["template"] == {"name": "garden-plan", "version": 2}
+        assert job.input["chapters"] == ["soil", "plants"]
+        # A version named outright, and a subset of its chapters.
+        pinned = po.jobs.create(kind="report", models=["sandbox/llm"],
+                                input={"subject": GARDEN_SUBJECT, "template": {"name": "garden-plan", "version": 1},
+                                       "chapters": ["plants"], "email": "ada@example.com"})
+        assert pinned.input["template"] == {"name": "garden-plan", "version": 1}
+        # Moving `live` afterwards changes nothing of the job accepted.
+        assert po.report_templates.set_live("garden-plan", 1).live == 1
+        done = po.jobs.wait(job.id, timeout=60)
+        assert done.status == "succeeded" and [c.key for c in done.chapters] == ["soil", "plants"]
+        assert done.input["template"] == {"name": "garden-plan", "version": 2}
+        headings = [line for line in po.jobs.report(job.id).splitlines() if line.startswith(("#", "_Planned"))]
+        assert headings == ["# A garden for Ada", "## Your soil", "## What to plant", "_Planned for Ada._"]
+        assert po.jobs.wait(pinned.id, timeout=60).status == "succeeded"
+        assert [c.key for c in po.jobs.report(pinned.id, format="json").chapters] == ["plants"]
+    assert set(JobRow.objects.get(id=job.id).input["template"]) == {"name", "version"}
+    assert JobRow.objects.get(id=job.id).input["template"] == {"name": "garden-plan", "version": 2}
+    assert JobRow.objects.get(id=pinned.id).input["template"] == {"name": "garden-plan", "version": 1}
+    assert_books_balance(ledger)
+
+
+def test_a_template_whose_answer_was_lost_is_not_written_twice(account, flaky_proxy):
+    proxy = flaky_proxy("lose_answer", path="/v1/report-templates")
+    with client(account, proxy.url) as through_proxy, pytest.raises(APIConnectionError) as lost:
+        through_proxy.report_templates.create(**GARDEN)
+    assert lost.value.maybe_sent is True and "report_templates.list" in str(lost.value)
+    assert len(proxy.seen) == 1  # never sent again: a second try would write version 2
+    with client(account) as po:
+        assert [(t.name, t.live, t.versions) for t in po.report_templates.list()] == [("garden-plan", 1, 1)]
+
+
+def test_async_report_templates(account):
+    other = client_create(name="client-library-async-templates-other")
+
+    async def run():
+        async with AsyncPayonce(base_url=account.url, api_key=account.api_key) as po, \
+                AsyncPayonce(base_url=account.url, api_key=other["api_key"]) as theirs:
+            made = await po.report_templates.create(**GARDEN)
+            assert (made.name, made.version, made.live) == ("garden-plan", 1, True)
+            listed = await po.report_templates.list()
+            assert [(t.name, t.live, t.versions) for t in listed] == [("garden-plan", 1, 1)]
+            read = await po.report_templates.version("garden-plan", 1)
+            assert (read.version, read.live, read.system, [c.key for c in read.chapters]) == (
+                1, True, GARDEN["system"], ["soil", "plants"])
+            assert read.layout is not None and read.layout.closing == GARDEN["layout"]["closing"]
+            two = await po.report_templates.create(**{**GARDEN, "synthesis": None, "live": False})
+            assert (two.version, two.live) == (2, False)
+            assert (await po.report_templates.version("garden-plan", 2)).synthesis is None
+            assert [(t.live, t.versions) for t in await po.report_templates.list()] == [(1, 2)]
+            moved = await po.report_templates.set_live("garden-plan", 2)
+            assert (moved.name, moved.live) == ("garden-plan", 2)
+            assert (await po.report_templates.version("garden-plan", 2)).live is True
+            with pytest.raises(InvalidRequest) as refused:
+                await po.report_templates.create(**REACHING)
+            assert refused.value.status == 422 and list(refused.value.fields) == ["system"]
+            with pytest.raises(NotFound):
+                await theirs.report_templates.version("garden-plan", 1)
+            with pytest.raises(NotFound):
+                await theirs.report_templates.set_live("garden-plan", 1)
+            assert await theirs.report_templates.list() == []
+
+    asyncio.run(run())
+    stored = ReportTemplate.objects.get(client_id=account.client_id, name="garden-plan")
+    assert stored.live == 2 and ReportTemplateVersion.objects.filter(template=stored).count() == 2
 
 
 # --- webhooks --------------------------------------------------------------------------------------------

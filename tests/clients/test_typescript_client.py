@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobs.models import Job
+from jobs.models import Job, ReportTemplate
 from jobs.services import client_create
 from tests.support.books import assert_books_balance
 from tests.support.procs import REPO_ROOT
@@ -122,7 +122,8 @@ def test_typescript_client(account, ledger, flaky_proxy, hooks):
     lose, answer_503 = flaky_proxy("lose_answer"), flaky_proxy("answer_503")
     accounts = {"main": {"api_key": account.api_key, "client_id": account.client_id,
                          "webhook_secret": account.webhook_secret}}
-    for name in ("lose", "answer503", "render", "report", "stream", "streams", "errors", "list", "orders"):
+    for name in ("lose", "answer503", "render", "report", "stream", "streams", "errors", "list", "orders",
+                 "templates", "templates-other"):
         accounts[name] = client_create(name=f"ts-{name}")
 
     started = time.monotonic()
@@ -154,6 +155,12 @@ def test_typescript_client(account, ledger, flaky_proxy, hooks):
         assert job.status == "succeeded", (name, job.status)
         _one_charge(job, charges)
         assert len(proxy.spoiled) == 1 and len(proxy.seen) == 2, (name, proxy.seen, proxy.spoiled)
+    # The templates the library wrote, as payonce holds them, and the report job pinned to one.
+    template = ReportTemplate.objects.get(client_id=accounts["templates"]["client_id"], name="garden-plan")
+    assert template.live == 2 and sorted(template.versions.values_list("number", flat=True)) == [1, 2]
+    assert not ReportTemplate.objects.filter(client_id=accounts["templates-other"]["client_id"]).exists()
+    pinned = _job_of(accounts["templates"]["client_id"])
+    assert pinned.status == "succeeded" and pinned.input["template"] == {"name": "garden-plan", "version": 2}
     assert answer_503.seen[1] - answer_503.seen[0] >= 1.0, (
         f"the retry after 503 came {answer_503.seen[1] - answer_503.seen[0]:.3f}s after the first try, "
         "sooner than its Retry-After: 1")

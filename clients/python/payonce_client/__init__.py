@@ -11,8 +11,8 @@ See :class:`Payonce` (and :class:`AsyncPayonce`), :mod:`payonce_client.errors` a
 """
 
 from . import errors, webhooks
-from ._async_client import AsyncJobs, AsyncOrders, AsyncOutputStream, AsyncPayonce
-from ._client import Jobs, Orders, OutputStream, Payonce
+from ._async_client import AsyncJobs, AsyncOrders, AsyncOutputStream, AsyncPayonce, AsyncReportTemplates
+from ._client import Jobs, Orders, OutputStream, Payonce, ReportTemplates
 from ._models import (
     STOP_STATUSES,
     TERMINAL_STATUSES,
@@ -24,6 +24,13 @@ from ._models import (
     Order,
     OrderJob,
     Report,
+    ReportTemplateChapter,
+    ReportTemplateLayout,
+    ReportTemplateLive,
+    ReportTemplateMail,
+    ReportTemplateSummary,
+    ReportTemplateVersion,
+    ReportTemplateVersionCreated,
     ReportText,
     Spend,
     SpendByModel,
@@ -73,6 +80,7 @@ __all__ = [
     "AsyncOrders",
     "AsyncOutputStream",
     "AsyncPayonce",
+    "AsyncReportTemplates",
     "Attempt",
     "BadRequest",
     "Chapter",
@@ -105,6 +113,14 @@ __all__ = [
     "PayonceError",
     "Report",
     "ReportNotSealed",
+    "ReportTemplateChapter",
+    "ReportTemplateLayout",
+    "ReportTemplateLive",
+    "ReportTemplateMail",
+    "ReportTemplateSummary",
+    "ReportTemplateVersion",
+    "ReportTemplateVersionCreated",
+    "ReportTemplates",
     "ReportText",
     "RequestTimeout",
     "Spend",

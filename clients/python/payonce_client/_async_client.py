@@ -9,14 +9,41 @@ import os
 import time
 import uuid
 from datetime import date
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Literal, Mapping, Optional, Sequence, Union, overload
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+    overload,
+)
 
 import httpx
 
 from . import _common as common
 from ._client import DEFAULT_BASE_URL
 from ._http import AsyncTransport, TimeoutTypes
-from ._models import STOP_STATUSES, Event, Job, Order, Report, Spend, WhoAmI
+from ._models import (
+    STOP_STATUSES,
+    Event,
+    Job,
+    Order,
+    Report,
+    ReportTemplateChapter,
+    ReportTemplateLayout,
+    ReportTemplateLive,
+    ReportTemplateMail,
+    ReportTemplateSummary,
+    ReportTemplateVersion,
+    ReportTemplateVersionCreated,
+    Spend,
+    WhoAmI,
+)
 from ._retry import Mode
 from ._sse import SSEDecoder
 from .errors import APIConnectionError, APIError, JobTerminal, WaitTimeout
@@ -252,6 +279,43 @@ class AsyncOrders:
         return Order.from_dict((await self._http.send("GET", common.order_path(order_id))).json())
 
 
+class AsyncReportTemplates:
+    """``po.report_templates`` of :class:`AsyncPayonce` (see :class:`payonce_client.ReportTemplates`)."""
+
+    def __init__(self, http: AsyncTransport):
+        self._http = http
+
+    async def create(self, *, name: str, system: str,
+                     chapters: Sequence[Union[Mapping[str, Any], ReportTemplateChapter]],
+                     synthesis: Optional[str] = None, max_output_tokens: Optional[int] = None,
+                     layout: Union[Mapping[str, Any], ReportTemplateLayout, None] = None,
+                     mail: Union[Mapping[str, Any], ReportTemplateMail, None] = None,
+                     page_title: Optional[str] = None, live: bool = True) -> ReportTemplateVersionCreated:
+        """The template's next version; optional fields left None are left out. Sent once: a lost answer
+        raises :class:`~payonce_client.errors.APIConnectionError` (see ``ReportTemplates.create``)."""
+        body = common.template_body(name, system, chapters, synthesis, max_output_tokens, layout, mail,
+                                    page_title, live)
+        try:
+            response = await self._http.send("POST", common.REPORT_TEMPLATES, json_body=body, mode=Mode.ONCE)
+        except APIConnectionError as error:
+            if error.maybe_sent:
+                raise common.template_lost(error) from error
+            raise
+        return ReportTemplateVersionCreated.from_dict(response.json())
+
+    async def list(self) -> List[ReportTemplateSummary]:
+        return [ReportTemplateSummary.from_dict(item)
+                for item in (await self._http.send("GET", common.REPORT_TEMPLATES)).json()]
+
+    async def version(self, name: str, number: int) -> ReportTemplateVersion:
+        answer = await self._http.send("GET", common.template_version_path(name, number))
+        return ReportTemplateVersion.from_dict(answer.json())
+
+    async def set_live(self, name: str, version: int) -> ReportTemplateLive:
+        answer = await self._http.send("POST", common.template_path(name, "live"), json_body={"version": version})
+        return ReportTemplateLive.from_dict(answer.json())
+
+
 class AsyncPayonce:
     """The asynchronous client::
 
@@ -270,6 +334,7 @@ class AsyncPayonce:
                                     http_client)
         self.jobs = AsyncJobs(self._http)
         self.orders = AsyncOrders(self._http)
+        self.report_templates = AsyncReportTemplates(self._http)
 
     @property
     def base_url(self) -> str:

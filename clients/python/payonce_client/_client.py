@@ -7,13 +7,28 @@ import os
 import time
 import uuid
 from datetime import date
-from typing import Any, Generator, Iterator, Literal, Mapping, Optional, Sequence, Union, overload
+from typing import Any, Generator, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
 
 import httpx
 
 from . import _common as common
 from ._http import SyncTransport, TimeoutTypes
-from ._models import STOP_STATUSES, Event, Job, Order, Report, Spend, WhoAmI
+from ._models import (
+    STOP_STATUSES,
+    Event,
+    Job,
+    Order,
+    Report,
+    ReportTemplateChapter,
+    ReportTemplateLayout,
+    ReportTemplateLive,
+    ReportTemplateMail,
+    ReportTemplateSummary,
+    ReportTemplateVersion,
+    ReportTemplateVersionCreated,
+    Spend,
+    WhoAmI,
+)
 from ._retry import Mode
 from ._sse import SSEDecoder
 from .errors import APIConnectionError, APIError, JobTerminal, WaitTimeout
@@ -280,13 +295,76 @@ class Orders:
         """Turn a payment into one report. ``payment_id`` is the order's idempotency key on payonce's side,
         so this is sent again when an answer is lost: the same payment is the same order (``200``,
         ``replayed=True``), never a second report. A second payment for the same run and product is an
-        order with ``status="duplicate"`` and no new job."""
+        order with ``status="duplicate"`` and no new job.
+
+        ``input`` is the report's: ``subject``, and ``chapters`` and ``template`` (``{"name", "version"?,
+        "label"?}``) as a report job's; without ``template``, your template named as the ``product`` is
+        used when you have one (its ``live`` version), else the built-in one (then ``chapters`` is
+        required)."""
         body = common.order_body(payment_id, run_id, product, input, email)
         response = self._http.send("POST", "/v1/orders", json_body=body)
         return Order.from_dict(response.json(), replayed=response.status_code == 200)
 
     def get(self, order_id: str) -> Order:
         return Order.from_dict(self._http.send("GET", common.order_path(order_id)).json())
+
+
+class ReportTemplates:
+    """``po.report_templates``: your report templates, each a name and its immutable versions (docs/api.md,
+    "Report templates"). A report job names one in its input (``"template": {"name": ..., "version": 2}``,
+    or the ``live`` version by default), and an order's ``product`` of the same name is written from it."""
+
+    def __init__(self, http: SyncTransport):
+        self._http = http
+
+    def create(self, *, name: str, system: str,
+               chapters: Sequence[Union[Mapping[str, Any], ReportTemplateChapter]], synthesis: Optional[str] = None,
+               max_output_tokens: Optional[int] = None,
+               layout: Union[Mapping[str, Any], ReportTemplateLayout, None] = None,
+               mail: Union[Mapping[str, Any], ReportTemplateMail, None] = None,
+               page_title: Optional[str] = None, live: bool = True) -> ReportTemplateVersionCreated:
+        """Write the template's next version (the first makes the template). ``chapters`` are
+        ``{"key", "title", "instruction"}``; ``layout`` is ``{"title", "chapter_heading", "closing"?,
+        "figures"?}``, ``mail`` ``{"subject", "body"}`` (the typed parts of a version read back with
+        :meth:`version` are taken too). An optional field left None is left out: payonce's default.
+        ``live=False`` leaves ``live`` where it was (a template's first version is live whatever it says).
+
+        Every text is checked as a template where it is written: one that reaches past its variables
+        (``{{ ''.__class__ }}``, a call, a loop) raises :class:`~payonce_client.errors.InvalidRequest`
+        whose ``fields`` name it, and nothing is stored.
+
+        Sent once, like ``jobs.retry``: a second try of a lost answer would write a second version. It is
+        tried again only when no connection could be made; a lost answer raises
+        :class:`~payonce_client.errors.APIConnectionError` (``maybe_sent=True``): :meth:`list` says how many
+        versions there are before you write it again.
+        """
+        body = common.template_body(name, system, chapters, synthesis, max_output_tokens, layout, mail,
+                                    page_title, live)
+        try:
+            response = self._http.send("POST", common.REPORT_TEMPLATES, json_body=body, mode=Mode.ONCE)
+        except APIConnectionError as error:
+            if error.maybe_sent:
+                raise common.template_lost(error) from error
+            raise
+        return ReportTemplateVersionCreated.from_dict(response.json())
+
+    def list(self) -> List[ReportTemplateSummary]:
+        """Your templates by name: where ``live`` points and how many versions each has."""
+        return [ReportTemplateSummary.from_dict(item)
+                for item in self._http.send("GET", common.REPORT_TEMPLATES).json()]
+
+    def version(self, name: str, number: int) -> ReportTemplateVersion:
+        """One version, as it was written. Another client's template is :class:`~payonce_client.errors.NotFound`,
+        as is a version that is not there."""
+        answer = self._http.send("GET", common.template_version_path(name, number))
+        return ReportTemplateVersion.from_dict(answer.json())
+
+    def set_live(self, name: str, version: int) -> ReportTemplateLive:
+        """Point the template's ``live`` label at ``version``: from now on the orders for its name, and the
+        jobs that name it without a version, are written from it (a job already accepted keeps the version
+        it was pinned to). Sent again when an answer is lost: pointing it twice is pointing it once."""
+        response = self._http.send("POST", common.template_path(name, "live"), json_body={"version": version})
+        return ReportTemplateLive.from_dict(response.json())
 
 
 class Payonce:
@@ -310,6 +388,7 @@ class Payonce:
                                    http_client)
         self.jobs = Jobs(self._http)
         self.orders = Orders(self._http)
+        self.report_templates = ReportTemplates(self._http)
 
     @property
     def base_url(self) -> str:

@@ -3,6 +3,7 @@ leads to the next, where a redirect goes, and how an event stream reconnects."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import date
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -15,11 +16,18 @@ from ._retry import RETRYABLE_STATUSES, Mode, may_pass, pause_after_error, pause
 from .errors import APIConnectionError, APIError, TooManyStreams
 
 JOBS = "/v1/jobs"
+REPORT_TEMPLATES = "/v1/report-templates"
 STREAM_READ_TIMEOUT_S = 45.0  # payonce sends a keep-alive at least every 15 s on a quiet stream
 WAIT_STREAM_FAILURES = 3  # failed connections in a row after which `wait` polls instead
 MAX_REDIRECTS = 5
 ANY = {"Accept": "*/*"}  # an output is whatever its job made; a report's `303` then answers Markdown
 STREAM_ROLLOVER_S = 1.0  # a stream that lived this long and closed is payonce's SSE_MAX_S, not a failure
+
+TEMPLATE_LOST_ANSWER = (
+    "The answer to POST /v1/report-templates was lost ({cause}): payonce may or may not have written the "
+    "version. It was not sent again, because a second try would write a second version. List the templates "
+    "(report_templates.list: `versions`) before writing it again."
+)
 
 RETRY_LOST_ANSWER = (
     "The answer to POST /v1/jobs/{job_id}/retry was lost ({cause}): payonce may or may not have taken the "
@@ -51,6 +59,45 @@ def create_body(kind: str, models: Sequence[str], input: Mapping[str, Any], poli
 
 def order_body(payment_id: str, run_id: str, product: str, input: Mapping[str, Any], email: str) -> Dict[str, Any]:
     return {"payment_id": payment_id, "run_id": run_id, "product": product, "input": dict(input), "email": email}
+
+
+def template_path(name: str, *rest: str) -> str:
+    return "/".join([REPORT_TEMPLATES, quote(str(name), safe="")] + list(rest))
+
+
+def template_version_path(name: str, number: int) -> str:
+    return template_path(name, "versions", quote(str(number), safe=""))
+
+
+def plain(value: Any) -> Any:
+    """A part of a template as JSON takes it: a mapping as given, or one of the typed results
+    (:class:`~payonce_client.ReportTemplateChapter`, ``...Layout``, ``...Mail``, read back from a version)
+    as its fields, without ``raw`` and without the fields it does not have (None), since payonce refuses a
+    null where a value is optional."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                if f.name != "raw" and getattr(value, f.name) is not None}
+    return dict(value)
+
+
+def template_body(name: str, system: str, chapters: Sequence[Any], synthesis: Optional[str],
+                  max_output_tokens: Optional[int], layout: Any, mail: Any, page_title: Optional[str],
+                  live: bool) -> Dict[str, Any]:
+    """A template's next version as ``POST /v1/report-templates`` takes it. payonce refuses a field it does
+    not know and takes an absent one as its default: the optional fields left as None are left out."""
+    body: Dict[str, Any] = {"name": name, "system": system, "chapters": [plain(chapter) for chapter in chapters]}
+    for field, value in (("synthesis", synthesis), ("max_output_tokens", max_output_tokens),
+                         ("layout", layout), ("mail", mail), ("page_title", page_title)):
+        if value is not None:
+            body[field] = plain(value) if field in ("layout", "mail") else value
+    body["live"] = bool(live)
+    return body
+
+
+def template_lost(error: APIConnectionError) -> APIConnectionError:
+    cause = error.__cause__ or error
+    return APIConnectionError(TEMPLATE_LOST_ANSWER.format(cause=f"{type(cause).__name__}: {cause}"),
+                              maybe_sent=True, attempts=error.attempts)
 
 
 def month_param(month: Union[str, date, None]) -> Optional[str]:

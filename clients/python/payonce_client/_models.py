@@ -26,6 +26,13 @@ __all__ = [
     "Order",
     "OrderJob",
     "Report",
+    "ReportTemplateChapter",
+    "ReportTemplateLayout",
+    "ReportTemplateLive",
+    "ReportTemplateMail",
+    "ReportTemplateSummary",
+    "ReportTemplateVersion",
+    "ReportTemplateVersionCreated",
     "ReportText",
     "Spend",
     "SpendByModel",
@@ -288,6 +295,126 @@ class Report:
                    figures=data.get("figures"),
                    chapters=[ReportText(c.get("key", ""), c.get("text") or "") for c in data.get("chapters") or []],
                    raw=dict(data))
+
+
+@dataclass
+class ReportTemplateVersionCreated:
+    """A template's version just written: its ``version`` number, and whether ``live`` points at it now."""
+
+    name: str
+    version: int
+    live: bool
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateVersionCreated:
+        return cls(name=data.get("name", ""), version=int(data.get("version") or 0), live=bool(data.get("live")),
+                   raw=dict(data))
+
+
+@dataclass
+class ReportTemplateSummary:
+    """One of your templates: the version ``live`` points at, and how many ``versions`` it has."""
+
+    name: str
+    live: int
+    versions: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateSummary:
+        return cls(name=data.get("name", ""), live=int(data.get("live") or 0),
+                   versions=int(data.get("versions") or 0), raw=dict(data))
+
+
+@dataclass
+class ReportTemplateChapter:
+    """A template's chapter: its ``key`` (what a job's ``chapters`` names), its ``title`` and its
+    ``instruction`` (a text that may print ``{{ subject.<field> }}``)."""
+
+    key: str
+    title: str
+    instruction: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateChapter:
+        return cls(key=data.get("key", ""), title=data.get("title", ""), instruction=data.get("instruction", ""),
+                   raw=dict(data))
+
+
+@dataclass
+class ReportTemplateLayout:
+    """How a template's report reads: its ``title`` (the ``#`` heading), each chapter's ``chapter_heading``,
+    the ``closing`` Markdown and whether the ``figures`` line is shown (None: not written, the default)."""
+
+    title: str
+    chapter_heading: str
+    closing: Optional[str] = None
+    figures: Optional[bool] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateLayout:
+        return cls(title=data.get("title", ""), chapter_heading=data.get("chapter_heading", ""),
+                   closing=data.get("closing"), figures=data.get("figures"), raw=dict(data))
+
+
+@dataclass
+class ReportTemplateMail:
+    """A template's delivery mail: its ``subject`` and text ``body`` (which may print ``{{ link }}``)."""
+
+    subject: str
+    body: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateMail:
+        return cls(subject=data.get("subject", ""), body=data.get("body", ""), raw=dict(data))
+
+
+@dataclass
+class ReportTemplateVersion:
+    """One version of a template, as it was written, with its ``version`` number, whether ``live`` points at
+    it and when it was written. A field the version was written without is None (payonce's default)."""
+
+    name: str
+    version: int
+    live: bool
+    created_at: Optional[datetime]
+    system: str
+    synthesis: Optional[str]
+    chapters: List[ReportTemplateChapter]
+    max_output_tokens: Optional[int] = None
+    layout: Optional[ReportTemplateLayout] = None
+    mail: Optional[ReportTemplateMail] = None
+    page_title: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateVersion:
+        layout, mail, tokens = data.get("layout"), data.get("mail"), data.get("max_output_tokens")
+        return cls(name=data.get("name", ""), version=int(data.get("version") or 0), live=bool(data.get("live")),
+                   created_at=timestamp(data.get("created_at")), system=data.get("system", ""),
+                   synthesis=data.get("synthesis"),
+                   chapters=[ReportTemplateChapter.from_dict(c) for c in data.get("chapters") or []],
+                   max_output_tokens=int(tokens) if tokens is not None else None,
+                   layout=ReportTemplateLayout.from_dict(layout) if isinstance(layout, dict) else None,
+                   mail=ReportTemplateMail.from_dict(mail) if isinstance(mail, dict) else None,
+                   page_title=data.get("page_title"), raw=dict(data))
+
+
+@dataclass
+class ReportTemplateLive:
+    """Where a template's ``live`` label points now: the version orders for its name are written from."""
+
+    name: str
+    live: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> ReportTemplateLive:
+        return cls(name=data.get("name", ""), live=int(data.get("live") or 0), raw=dict(data))
 
 
 @dataclass

@@ -169,7 +169,13 @@ class OutputKeyConflict(APIError):
 
 @_code("INVALID_REQUEST")
 class InvalidRequest(APIError):
-    """422: a body, parameter or query that is not valid; ``details["fields"]`` names each field and why."""
+    """422: a body, parameter or query that is not valid; ``fields`` (``details["fields"]``) names each field
+    and why, e.g. ``{"system": ["The attribute '__class__' is not allowed: ..."]}``."""
+
+    @property
+    def fields(self) -> Dict[str, Any]:
+        fields = self.details.get("fields")
+        return fields if isinstance(fields, dict) else {}
 
 
 @_code("UNAUTHENTICATED")

@@ -17,6 +17,11 @@ import type {
   OrderCreateRequest,
   Output,
   Report,
+  ReportTemplateCreateRequest,
+  ReportTemplateLive,
+  ReportTemplateSummary,
+  ReportTemplateVersion,
+  ReportTemplateVersionCreated,
   Spend,
   WhoAmI,
 } from "./types.js";
@@ -80,6 +85,7 @@ const enc = encodeURIComponent;
 export class Payonce {
   readonly jobs: Jobs;
   readonly orders: Orders;
+  readonly reportTemplates: ReportTemplates;
   /** @internal */
   readonly http: Transport;
 
@@ -97,6 +103,7 @@ export class Payonce {
     this.http = new Transport({ baseUrl: options.baseUrl, apiKey, maxRetries, timeoutMs, fetch: doFetch });
     this.jobs = new Jobs(this.http);
     this.orders = new Orders(this.http);
+    this.reportTemplates = new ReportTemplates(this.http);
   }
 
   /** What `JSON.stringify(client)` shows: the base URL, never the API key. */
@@ -377,6 +384,60 @@ export class Orders {
   /** GET /v1/orders/{id}: the order, with its report's status and cost. */
   get(id: string, { signal }: RequestOptions = {}): Promise<Order> {
     return this.http.json<Order>({ method: "GET", path: `/v1/orders/${enc(id)}`, mode: "idempotent", signal });
+  }
+}
+
+/**
+ * `po.reportTemplates`: your report templates, each a name and its immutable versions (docs/api.md,
+ * "Report templates"). A report names one in its input (`template: { name, version? }`; the `live`
+ * version by default), and an order's `product` of the same name is written from it.
+ */
+export class ReportTemplates {
+  constructor(private readonly http: Transport) {}
+
+  /**
+   * POST /v1/report-templates: the template's next version (the first makes the template). A text that
+   * reaches past its variables (`{{ ''.__class__ }}`, a call, a loop) throws `InvalidRequest` whose
+   * `fields` name it, and nothing is stored. Sent once, tried again only on `429` and `503` (payonce did
+   * not act): a second try of a lost answer would write a second version, so a network error throws
+   * `APIConnectionError`; `list()` says how many versions there are before you write it again.
+   */
+  create(body: ReportTemplateCreateRequest, { signal }: RequestOptions = {}): Promise<ReportTemplateVersionCreated> {
+    return this.http.json<ReportTemplateVersionCreated>({
+      method: "POST",
+      path: "/v1/report-templates",
+      body: JSON.stringify(body),
+      mode: "unsent",
+      lostAnswer:
+        "List the templates (reportTemplates.list: `versions`) to see whether it wrote the version before you write it again.",
+      signal,
+    });
+  }
+
+  /** GET /v1/report-templates: your templates by name, where `live` points and how many versions each has. */
+  list({ signal }: RequestOptions = {}): Promise<ReportTemplateSummary[]> {
+    const path = "/v1/report-templates";
+    return this.http.json<ReportTemplateSummary[]>({ method: "GET", path, mode: "idempotent", signal });
+  }
+
+  /** GET /v1/report-templates/{name}/versions/{n}: one version, as it was written (`NotFound`: none of yours). */
+  version(name: string, version: number, { signal }: RequestOptions = {}): Promise<ReportTemplateVersion> {
+    const path = `/v1/report-templates/${enc(name)}/versions/${enc(String(version))}`;
+    return this.http.json<ReportTemplateVersion>({ method: "GET", path, mode: "idempotent", signal });
+  }
+
+  /**
+   * POST /v1/report-templates/{name}/live: point `live` at a version. Tried again like a GET: pointing it
+   * twice is pointing it once. A job already accepted keeps the version it was pinned to.
+   */
+  setLive(name: string, version: number, { signal }: RequestOptions = {}): Promise<ReportTemplateLive> {
+    return this.http.json<ReportTemplateLive>({
+      method: "POST",
+      path: `/v1/report-templates/${enc(name)}/live`,
+      body: JSON.stringify({ version }),
+      mode: "idempotent",
+      signal,
+    });
   }
 }
 

@@ -2,12 +2,14 @@
  * The transport: one `fetch` per try, a timeout per try, and the retry rule.
  *
  * - `idempotent` calls (every GET, `jobs.create` under its Idempotency-Key, `orders.create` under its
- *   payment id, `jobs.cancel`) are tried again on any network error (refused, reset, closed without an
- *   answer, timed out), on `429` and `503` (after `Retry-After` when the answer says, at most 60 s), and
- *   on `500`, `502` and `504` (exponential back-off: 500 ms * 2^n, at most 8 s, with jitter).
- * - `unsent` calls (`jobs.retry`: a decision to pay again) are tried again only on `429` and `503`, answers
- *   that prove payonce did not act. A network error may come after payonce acted, and fetch cannot tell a
- *   refused connection from a lost answer: it is thrown, never retried.
+ *   payment id, `jobs.cancel`, `reportTemplates.setLive`) are tried again on any network error (refused,
+ *   reset, closed without an answer, timed out), on `429` and `503` (after `Retry-After` when the answer
+ *   says, at most 60 s), and on `500`, `502` and `504` (exponential back-off: 500 ms * 2^n, at most 8 s,
+ *   with jitter).
+ * - `unsent` calls (`jobs.retry`: a decision to pay again; `reportTemplates.create`, whose second try
+ *   would write a second version) are tried again only on `429` and `503`, answers that prove payonce did
+ *   not act. A network error may come after payonce acted, and fetch cannot tell a refused connection
+ *   from a lost answer: it is thrown, never retried.
  */
 
 import { APIConnectionError, APIError, PayonceError, errorFromAnswer, parseRetryAfter } from "./errors.js";
@@ -30,6 +32,8 @@ export interface Call {
   stream?: boolean;
   /** Try a 429 again (default true; `jobs.wait` wants TOO_MANY_STREAMS at once, to poll instead). */
   retry429?: boolean;
+  /** An `unsent` call's advice when its answer may have been lost (default: read the job). */
+  lostAnswer?: string;
 }
 
 export interface Answer {
@@ -188,7 +192,7 @@ export class Transport {
         if (call.mode === "unsent") {
           throw new APIConnectionError(
             `${error.message}. It was not sent again: payonce may have acted on it. ` +
-              "Read the job (jobs.get) to see whether it did before you try again.",
+              (call.lostAnswer ?? "Read the job (jobs.get) to see whether it did before you try again."),
             { cause },
           );
         }

@@ -3,7 +3,7 @@
  * so it runs unchanged on Node 18+, Deno, Cloudflare Workers and browsers.
  */
 
-export { Payonce, Jobs, Orders, SETTLED_STATUSES } from "./client.js";
+export { Payonce, Jobs, Orders, ReportTemplates, SETTLED_STATUSES } from "./client.js";
 export type { PayonceOptions, RequestOptions, ListOptions, WaitOptions, EventsOptions, ReportOptions } from "./client.js";
 export * from "./errors.js";
 export { verifyWebhook, signWebhook, WebhookDeduper } from "./webhooks.js";

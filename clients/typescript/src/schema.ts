@@ -133,6 +133,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/report-templates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["report_templates_list"];
+        put?: never;
+        post: operations["report_templates_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/report-templates/{name}/live": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["report_templates_set_live"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/report-templates/{name}/versions/{number}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["report_templates_version"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/spend": {
         parameters: {
             query?: never;
@@ -228,6 +276,12 @@ export interface components {
              *     * `unknown` - unknown
              */
             paid: components["schemas"]["PaidEnum"];
+        };
+        /** @description Unknown fields are errors: a typo such as "polcy" must not be silently ignored. */
+        ChapterRequest: {
+            key: string;
+            title: string;
+            instruction: string;
         };
         Cost: {
             /** Format: decimal */
@@ -344,6 +398,22 @@ export interface components {
          * @enum {string}
          */
         JobStatus: "queued" | "running" | "waiting" | "succeeded" | "failed" | "cancelled";
+        /** @description Unknown fields are errors: a typo such as "polcy" must not be silently ignored. */
+        LayoutRequest: {
+            title: string;
+            chapter_heading: string;
+            closing?: string | null;
+            figures?: boolean;
+        };
+        /** @description Unknown fields are errors: a typo such as "polcy" must not be silently ignored. */
+        LiveRequest: {
+            version: number;
+        };
+        /** @description Unknown fields are errors: a typo such as "polcy" must not be silently ignored. */
+        MailRequest: {
+            subject: string;
+            body: string;
+        };
         Order: {
             /** Format: uuid */
             id: string;
@@ -413,6 +483,55 @@ export interface components {
             attempts: components["schemas"]["Attempt"][];
             /** Format: decimal */
             cost_usd: string;
+        };
+        ReportTemplateChapter: {
+            key: string;
+            title: string;
+            instruction: string;
+        };
+        ReportTemplateLive: {
+            name: string;
+            live: number;
+        };
+        /**
+         * @description One version of a template, as a client writes it. Every text is checked as a template a report may
+         *     hold (jobs.kinds.report.templates.check_body) before anything is stored.
+         */
+        ReportTemplateRequest: {
+            name: string;
+            system: string;
+            synthesis?: string | null;
+            chapters: components["schemas"]["ChapterRequest"][];
+            max_output_tokens?: number;
+            layout?: components["schemas"]["LayoutRequest"];
+            mail?: components["schemas"]["MailRequest"];
+            page_title?: string;
+            /** @default true */
+            live?: boolean;
+        };
+        ReportTemplateSummary: {
+            name: string;
+            live: number;
+            versions: number;
+        };
+        ReportTemplateVersion: {
+            name: string;
+            version: number;
+            live: boolean;
+            /** Format: date-time */
+            created_at: string;
+            system: string;
+            synthesis?: string | null;
+            chapters: components["schemas"]["ReportTemplateChapter"][];
+            max_output_tokens?: number;
+            layout?: unknown;
+            mail?: unknown;
+            page_title?: string;
+        };
+        ReportTemplateVersionCreated: {
+            name: string;
+            version: number;
+            live: boolean;
         };
         ReportText: {
             key: string;
@@ -1014,6 +1133,251 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Order"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request again after Retry-After: a create under the same Idempotency-Key gives the same job, whatever was committed. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before sending the same request again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    report_templates_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReportTemplateSummary"][];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request again after Retry-After: a create under the same Idempotency-Key gives the same job, whatever was committed. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before sending the same request again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    report_templates_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReportTemplateRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReportTemplateVersionCreated"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request again after Retry-After: a create under the same Idempotency-Key gives the same job, whatever was committed. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before sending the same request again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    report_templates_set_live: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["LiveRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReportTemplateLive"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description DATABASE_UNAVAILABLE: PostgreSQL is restarting or unreachable. Send the same request again after Retry-After: a create under the same Idempotency-Key gives the same job, whatever was committed. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before sending the same request again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    report_templates_version: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                number: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReportTemplateVersion"];
                 };
             };
             401: {

@@ -23,6 +23,31 @@ export type Report = Schemas["Report"];
 export type WhoAmI = Schemas["WhoAmI"];
 export type ErrorAnswer = Schemas["Error"];
 
+/** `reportTemplates.create`'s argument (POST /v1/report-templates): a template's next version. */
+export type ReportTemplateCreateRequest = Schemas["ReportTemplateRequest"];
+/** A template's chapter as it is written: `{key, title, instruction}`. */
+export type ReportTemplateChapterRequest = Schemas["ChapterRequest"];
+/** A template's `layout`: `title`, `chapter_heading`, and optionally `closing` and `figures`. */
+export type ReportTemplateLayout = Schemas["LayoutRequest"];
+/** A template's delivery `mail`: `subject` and text `body`. */
+export type ReportTemplateMail = Schemas["MailRequest"];
+/** `reportTemplates.create`'s answer: the version written, and whether `live` points at it now. */
+export type ReportTemplateVersionCreated = Schemas["ReportTemplateVersionCreated"];
+/** One of `reportTemplates.list()`: a template's name, the version `live` points at, how many versions. */
+export type ReportTemplateSummary = Schemas["ReportTemplateSummary"];
+/** A version's chapter, as it was written. */
+export type ReportTemplateChapter = Schemas["ReportTemplateChapter"];
+/**
+ * `reportTemplates.version(name, n)`: one version as it was written, with `name`, `version`, `live` and
+ * `created_at`. The document states `layout` and `mail` as any JSON; they are what was written.
+ */
+export type ReportTemplateVersion = Omit<Schemas["ReportTemplateVersion"], "layout" | "mail"> & {
+  layout?: ReportTemplateLayout;
+  mail?: ReportTemplateMail;
+};
+/** `reportTemplates.setLive`'s answer: where `live` points now. */
+export type ReportTemplateLive = Schemas["ReportTemplateLive"];
+
 /** `status` filter of `jobs.list` (GET /v1/jobs `status`). */
 export type JobStatus = NonNullable<NonNullable<operations["jobs_list"]["parameters"]["query"]>["status"]>;
 
@@ -30,6 +55,30 @@ export type JobStatus = NonNullable<NonNullable<operations["jobs_list"]["paramet
 export type JobCreateParams = JobCreateRequest & {
   /** The `Idempotency-Key`: 1 to 255 visible ASCII characters. Default: a fresh `crypto.randomUUID()` for this call. */
   idempotencyKey?: string;
+};
+
+/**
+ * Which of your templates a report is written from (a report's `input.template`): a version number, or
+ * the label `live` (the default). The job's stored input names the version it was pinned to,
+ * `{name, version}`.
+ */
+export type ReportTemplateRef = {
+  name: string;
+  version?: number;
+  label?: "live";
+};
+
+/**
+ * A report's `input` (a report job's, an order's), which the document states only as text: the subject,
+ * the chapters (optional with a `template`: all of the template's, or a subset of its keys), the template,
+ * and the email the link goes to (a job's; an order's is the order's own). Assignable to
+ * `JobCreateRequest["input"]` and `OrderCreateRequest["input"]`.
+ */
+export type ReportInput = {
+  subject: Record<string, unknown>;
+  chapters?: string[];
+  template?: ReportTemplateRef;
+  email?: string;
 };
 
 /** What an event frame's `data` holds (jobs.selectors.job_snapshot): status, run, steps, chapters, cost. */

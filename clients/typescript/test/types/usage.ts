@@ -7,6 +7,9 @@ import {
   type Order,
   Payonce,
   type Report,
+  type ReportInput,
+  type ReportTemplateSummary,
+  type ReportTemplateVersion,
   type Spend,
   verifyWebhook,
   type WebhookEvent,
@@ -38,6 +41,29 @@ export async function usage(): Promise<void> {
   const order: Order = await po.orders.create({
     payment_id: "pi_1", run_id: "run-1", product: "natal-chart", input: { subject: {}, chapters: ["sun"] }, email: "a@example.com",
   });
+  const made: { name: string; version: number; live: boolean } = await po.reportTemplates.create({
+    name: "garden-plan",
+    system: "You write for {{ subject.name }}.",
+    synthesis: null,
+    chapters: [{ key: "soil", title: "Your soil", instruction: "Advise on a {{ subject.plot }} plot." }],
+    max_output_tokens: 1200,
+    layout: { title: "A garden", chapter_heading: "{{ chapter.title }}", closing: null, figures: false },
+    mail: { subject: "Ready", body: "{{ link }}" },
+    page_title: "Your garden plan",
+    live: false,
+  });
+  const templates: ReportTemplateSummary[] = await po.reportTemplates.list();
+  const version: ReportTemplateVersion = await po.reportTemplates.version("garden-plan", made.version);
+  const heading: string | undefined = version.layout?.chapter_heading;
+  const instruction: string | undefined = version.chapters[0]?.instruction;
+  const live: number = (await po.reportTemplates.setLive("garden-plan", 2)).live;
+  const input: ReportInput = { subject: { name: "Ada" }, template: { name: "garden-plan", version: 2 }, email: "a@example.com" };
+  await po.jobs.create({ kind: "report", models: ["sandbox/llm"], input });
+  await po.orders.create({
+    payment_id: "pi_2", run_id: "run-2", product: "garden-plan", input: { subject: {}, template: { name: "garden-plan", label: "live" } },
+    email: "a@example.com",
+  });
+  void [templates, heading, instruction, live];
   const spend: Spend = await po.spend({ month: "2026-12" });
   const me: { client_id: string; name: string } = await po.whoami();
   const event: WebhookEvent = await verifyWebhook("{}", new Headers(), "whsec_x");
@@ -54,4 +80,11 @@ export async function usage(): Promise<void> {
   po.jobs.list({ status: "done" });
   // @ts-expect-error: a report is markdown or json
   await po.jobs.report(job.id, { format: "html" });
+  // @ts-expect-error: a template's chapters are {key, title, instruction}
+  await po.reportTemplates.create({ name: "x", system: "s", chapters: ["sun"] });
+  // @ts-expect-error: a version is a number
+  await po.reportTemplates.setLive("x", "2");
+  // @ts-expect-error: the only label is live
+  const labelled: ReportInput = { subject: {}, template: { name: "x", label: "draft" } };
+  void labelled;
 }

@@ -145,6 +145,27 @@ describe.concurrent("the retry rule", () => {
     expect(calls.map((c) => c.method + " " + new URL(c.url).pathname)).toEqual(Array(3).fill(`POST /v1/jobs/${JOB.id}/retry`));
   });
 
+  it("a template's version is sent once (a second try would write another); live and reads are sent again", async () => {
+    const TEMPLATE = { name: "a b/c", system: "s", chapters: [{ key: "a", title: "A", instruction: "i" }] };
+    const { fetch, calls } = scripted([lost(), json(201, { name: "a b/c", version: 1, live: true })]);
+    const thrown = await client(fetch).reportTemplates.create(TEMPLATE).catch((e) => e);
+    expect(thrown).toBeInstanceOf(APIConnectionError);
+    expect(thrown.message).toMatch(/not sent again.*reportTemplates\.list/);
+    expect(calls).toHaveLength(1);
+    expect(JSON.parse(calls[0]!.body!)).toEqual(TEMPLATE); // nothing left undefined is sent
+    const busy = scripted([error(503, "DATABASE_UNAVAILABLE", {}, { "Retry-After": "0" }), json(201, { name: "x", version: 1, live: true })]);
+    expect((await client(busy.fetch).reportTemplates.create(TEMPLATE)).version).toBe(1);
+    expect(busy.calls).toHaveLength(2);
+    const live = scripted([lost(), json(200, { name: "a b/c", live: 2 })]);
+    expect(await client(live.fetch).reportTemplates.setLive("a b/c", 2)).toEqual({ name: "a b/c", live: 2 });
+    expect(live.calls.map((c) => [c.method, new URL(c.url).pathname, c.body])).toEqual(
+      Array(2).fill(["POST", "/v1/report-templates/a%20b%2Fc/live", '{"version":2}']),
+    );
+    const read = scripted([lost(), json(200, { name: "a b/c", version: 3 })]);
+    expect((await client(read.fetch).reportTemplates.version("a b/c", 3)).version).toBe(3);
+    expect(read.calls.map((c) => new URL(c.url).pathname)).toEqual(Array(2).fill("/v1/report-templates/a%20b%2Fc/versions/3"));
+  });
+
   it("cancel: a retry answered JOB_TERMINAL (cancelled) after a lost answer returns the job", async () => {
     const cancelled = { ...JOB, status: "cancelled" };
     const { fetch, calls } = scripted([lost(), error(409, "JOB_TERMINAL", { status: "cancelled" }), json(200, cancelled)]);
