@@ -140,7 +140,8 @@ class JobCreateSerializer(StrictSerializer):
         f"media: {' and '.join(PAYONCE_INPUT_KEYS)}, and only the parameters that every model of the chain "
         "which declares its parameters takes (any other key is 422, named in fields.input); the sandbox's "
         f"media models take {', '.join(p.name for p in code_spec('sandbox/video-keyed').params)}; a "
-        "Replicate model's are passed through unchecked. report: subject, chapters, email."))
+        "Replicate model's are passed through unchecked. report: subject, chapters, email, and optionally "
+        "template ({name, version or label}: one of your report templates, pinned at submit; chapters then optional)."))
     policy = PolicySerializer(required=False)
     output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
     webhook_url = serializers.URLField(required=False, max_length=2048)

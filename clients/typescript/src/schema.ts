@@ -357,7 +357,7 @@ export interface components {
         JobCreateRequest: {
             kind: components["schemas"]["JobKind"];
             models: string[];
-            /** @description media: prompt and references, and only the parameters that every model of the chain which declares its parameters takes (any other key is 422, named in fields.input); the sandbox's media models take render_s, expected_s, fail_render, size_bytes; a Replicate model's are passed through unchecked. report: subject, chapters, email. */
+            /** @description media: prompt and references, and only the parameters that every model of the chain which declares its parameters takes (any other key is 422, named in fields.input); the sandbox's media models take render_s, expected_s, fail_render, size_bytes; a Replicate model's are passed through unchecked. report: subject, chapters, email, and optionally template ({name, version or label}: one of your report templates, pinned at submit; chapters then optional). */
             input: {
                 [key: string]: unknown;
             };
