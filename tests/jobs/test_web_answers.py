@@ -23,6 +23,10 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 FUNCTION_VIEWS = {"job_events": {"GET"}, "provider_callback": {"POST"}, "metrics_view": {"GET", "HEAD"}}
 
 
+# A value for each path converter the API's routes use; a converter not here fails the walk (KeyError).
+SAMPLES = {"uuid": str(uuid.uuid4()), "slug": "sandbox", "template_name": "garden-plan", "int": "1"}
+
+
 def routes():
     """Every route under /v1/ and /metrics: (a concrete path, the methods its view takes)."""
     found = []
@@ -36,7 +40,7 @@ def routes():
             route = prefix + str(pattern.pattern)
             if not (route.startswith("v1/") or route == "metrics"):
                 continue
-            path = "/" + re.sub(r"<uuid:[^>]+>", str(uuid.uuid4()), re.sub(r"<slug:[^>]+>", "sandbox", route))
+            path = "/" + re.sub(r"<(\w+):[^>]+>", lambda m: SAMPLES[m.group(1)], route)
             view_class = getattr(pattern.callback, "view_class", None)
             if view_class is not None and issubclass(view_class, APIView):
                 allowed = {m.upper() for m in view_class.http_method_names if hasattr(view_class, m)} - {"OPTIONS"}
