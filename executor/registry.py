@@ -473,6 +473,16 @@ def _spec(name: str) -> ModelSpec | None:
     return spec
 
 
+def model_names(*, kind: str) -> list[str]:
+    """Every enabled model of `kind` (ModelKind) the three layers name, by name: what a form offers to
+    choose from (the admin's report preview lists the text models). A pattern's models (anthropic/claude-*)
+    are the ones the code, the file or the admin names."""
+    names = set(code_model_names()) | set(_layer_entries())
+    # _spec, not model_spec: every name here is one a layer states, so a disabled one (None) is no miss to
+    # read the layers again for.
+    return sorted(name for name in names if (spec := _spec(name)) is not None and spec.kind == kind)
+
+
 def provider_params(job_input: Mapping) -> dict:
     """The provider parameters of a media job's input: every key but payonce's own."""
     return {name: value for name, value in job_input.items() if name not in PAYONCE_INPUT_KEYS}

@@ -7,9 +7,10 @@ A new action is one `Action` row here plus the service it calls (a plain functio
 rows: jobs.services, webhooks.services ...). Offered on a list that already offers actions, the admin shows
 it at once; a manage.py command for it is a module naming the row (jobs_cancel.py).
 
-A price set and a drift cleared are operators' decisions too (operations.price_set, drifts_clear), but not
-rows here: the first is a form's save, the second one billing statement that names who cleared it. Both keep
-their audit row and reason.
+A price set, a drift cleared and a report template's live label moved are operators' decisions too
+(operations.price_set, drifts_clear, template_live_set), but not rows here: the first is a form's save, the
+second one billing statement that names who cleared it, the third one template and a version number, not a
+set of rows with statuses. Each keeps its audit row and reason.
 """
 
 from __future__ import annotations

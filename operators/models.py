@@ -15,6 +15,9 @@ class OperatorActionKind(models.TextChoices):
     REPLAY_DEAD = "replay_dead"  # dead letters sent again
     PRICE = "price"  # a model's price (or `free`) changed on the admin's Models page: a billing decision
     DRIFT_CLEAR = "drift_clear"  # a model's price drift cleared: its reservations go back to the rate card's
+    # A report template's `live` label moved (jobs.kinds.report.templates.version_set_live): the orders and jobs
+    # accepted from then on are written from another version; those accepted before keep theirs.
+    TEMPLATE_LIVE = "template_live"
 
 
 def action_kinds() -> list[tuple[str, str]]:

@@ -1,8 +1,9 @@
 """Operators' actions, alone or in bulk over every job a filter matches: the actions of operators.actions
-(cancel, retry (pays again), replay deliveries, re-run orders, replay dead letters), a price set and a price
-drift cleared. Each is previewed first (how many rows match, how many it would change, what a retry may
-reserve) and leaves one audit row (who, when, what, how many, why). The admin (operators.admin) and the CLI
-(operators.cli and its commands) call only these functions, so both act and count the same way.
+(cancel, retry (pays again), replay deliveries, re-run orders, replay dead letters), a price set, a price
+drift cleared and a report template's live label moved. Each is previewed first (how many rows match, how
+many it would change, what a retry may reserve) and leaves one audit row (who, when, what, how many, why).
+The admin (operators.admin) and the CLI (operators.cli and its commands) call only these functions, so both
+act and count the same way.
 
 Every change goes through the same services the API uses (job_cancel, job_retry, delivery_replay), so
 each keeps its race rules: a job another writer ended first is skipped, not changed twice. Replaying
@@ -27,7 +28,8 @@ from billing import months
 from billing import services as billing
 from executor.record import upstream_key_parts
 from jobs.kinds import KINDS
-from jobs.models import Job, JobStatus
+from jobs.kinds.report import templates
+from jobs.models import Job, JobStatus, ReportTemplate
 from operators.actions import BY_NAME, Action
 from operators.models import OperatorAction, OperatorActionKind
 
@@ -243,6 +245,42 @@ def drifts_clear(*, drifts: QuerySet, target: str, who: str, via: str, reason: s
     entry = audit_start(action=OperatorActionKind.DRIFT_CLEAR, who=who, via=via, target=target, reason=reason,
                         preview=preview)
     return audit_finish(entry, billing.price_drift_clear(drifts=drifts, who=who))
+
+
+# --- a report template's live label ------------------------------------------------------------------------
+
+
+def template_live_target(template: ReportTemplate, number: int) -> str:
+    """What the audit row says was acted on: the template (its client by name and id: two may share a name)
+    and the move."""
+    return (f"report template {template.name} of {template.client.name} ({template.client_id}): "
+            f"live v{template.live} -> v{number}")
+
+
+def template_live_preview(*, template: ReportTemplate, number: int) -> Preview:
+    """The move, before it is confirmed: one template, changed unless `live` points at `number` already."""
+    acting = int(template.live != number)
+    return Preview(action=OperatorActionKind.TEMPLATE_LIVE, target=template_live_target(template, number),
+                   matched=1, acting=acting, skipped=1 - acting)
+
+
+def template_live_set(*, template: ReportTemplate, number: int, who: str, via: str, reason: str) -> OperatorAction:
+    """A report template's `live` label moved by an operator (a client moves its own through the API): the
+    orders and jobs accepted from then on are written from version `number`; those accepted before keep the
+    version they pinned at submit, so nothing already sold changes. A decision, so a reason and an audit row
+    with where the label pointed before and after, in one transaction with the move, which goes through the
+    templates' own service (version_set_live: it takes the template's row lock, and says what it replaced).
+    OperationRefused: no reason, or no such version (the audit row goes with the rolled-back transaction)."""
+    preview = template_live_preview(template=template, number=number)
+    with transaction.atomic():
+        entry = audit_start(action=OperatorActionKind.TEMPLATE_LIVE, who=who, via=via, target=preview.target,
+                            reason=reason, preview=preview)
+        before = templates.version_set_live(client=template.client, name=template.name, number=number)
+        if before is None:
+            raise OperationRefused(f"{template.name} has no version {number}; nothing was done")
+        # `before` is what the lock saw, which a client's own move since the page was read may have changed.
+        OperatorAction.objects.filter(id=entry.id).update(detail={**entry.detail, "before": before, "after": number})
+        return audit_finish(entry, int(before != number))
 
 
 def action_take(action: Action, *, rows: QuerySet, target: str, who: str, via: str, reason: str) -> OperatorAction:

@@ -157,6 +157,6 @@ class ReportTemplateLiveView(APIView):
         serializer = LiveSerializer(data=read_json_body(request))
         serializer.is_valid(raise_exception=True)
         number = serializer.validated_data["version"]
-        if not templates.version_set_live(client=request.user, name=name, number=number):
+        if templates.version_set_live(client=request.user, name=name, number=number) is None:
             raise NotFound("Not found.")
         return Response({"name": name, "live": number})

@@ -1,9 +1,10 @@
 """Who may do what in the admin, through the real `web` process: every admin URL of jobs, orders, dead
-letters, deliveries and the spend page (list, page, output, every bulk and single action, the
-confirmation's GET and its POST) for a staff user with no permission, one who may only view, one per
-action permission (with view), and a superuser. Each answer is 403 or success exactly as the permission
-says; a refusal changes no row, writes no audit row, and pays nothing (a `worker` runs the web stack's
-jobs, so a retry or re-run that slipped through would charge the sandbox's ledger).
+letters, deliveries, report templates and the spend page (list, page, output, a template version's page and
+its preview, every bulk and single action, the confirmation's GET and its POST) for a staff user with no
+permission, one who may only view, one per action permission (with view), and a superuser. Each answer is
+403 or success exactly as the permission says; a refusal changes no row, writes no audit row, and pays
+nothing (a `worker` runs the web stack's jobs, so a retry or re-run that slipped through would charge the
+sandbox's ledger).
 
 Before the fix a staff user with no permission at all opened any job's page and output, retried (paid
 again) and cancelled jobs; a view-only one re-ran an order and replayed deliveries."""
@@ -16,7 +17,8 @@ from django.db import transaction
 
 from accounts.models import Client
 from executor.store import client_store
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, ReportTemplate
+from jobs.kinds.report import templates
 from jobs.kinds.report.reports import report_load
 from jobs.services import client_create, job_create, job_finish
 from operators.models import OperatorAction
@@ -30,7 +32,7 @@ from webhooks.services import delivery_create
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 VIEW = ["jobs.view_job", "orders.view_order", "webhooks.view_deadletter", "webhooks.view_delivery",
-        "billing.view_budgetmonth"]
+        "billing.view_budgetmonth", "jobs.view_reporttemplate"]
 PROFILES = {  # user -> the permissions they hold (superuser: all)
     "nobody": [],
     "viewer": VIEW,
@@ -38,6 +40,7 @@ PROFILES = {  # user -> the permissions they hold (superuser: all)
     "retrier": [*VIEW, "jobs.retry_job"],
     "rerunner": [*VIEW, "orders.rerun_order"],
     "replayer": [*VIEW, "webhooks.replay_delivery"],
+    "templater": [*VIEW, "jobs.change_reporttemplate"],  # moves a report template's `live` label
     "root": None,
 }
 
@@ -51,6 +54,7 @@ class World:
     done: Job  # with an output in the store
     order: Order  # its report failed: re-runnable
     letter: Delivery  # dead
+    template: ReportTemplate  # two versions, live at v1
 
 
 def make_world(tag: str) -> World:
@@ -77,15 +81,21 @@ def make_world(tag: str) -> World:
         delivery_create(job=failed, event="generation.needs_review", data={"id": str(failed.id)})
     letter = Delivery.objects.get(job=failed, event="generation.needs_review")
     Delivery.objects.filter(id=letter.id).update(status=DeliveryStatus.DEAD, attempts=8, last_error="HTTP 500")
+    body = {"system": "Write for {{ subject.name }}.",
+            "chapters": [{"key": "sun", "title": "Sun", "instruction": "The Sun."}]}
+    first = templates.version_create(client=client, name="chart", body=body)
+    templates.version_create(client=client, name="chart", body={**body, "max_output_tokens": 900}, live=False)
     return World(failed=Job.objects.get(id=failed.id), queued=Job.objects.get(id=queued.id), done=done,
-                 order=Order.objects.get(id=order.id), letter=Delivery.objects.get(id=letter.id))
+                 order=Order.objects.get(id=order.id), letter=Delivery.objects.get(id=letter.id),
+                 template=ReportTemplate.objects.get(id=first.template_id))
 
 
 def state(w: World) -> tuple:
     """Every row an action could change, and the audit trail."""
     jobs = {job.id: (job.status, job.run) for job in Job.objects.filter(
         id__in=[w.failed.id, w.queued.id, w.done.id, w.order.job_id])}
-    return (jobs, Delivery.objects.get(id=w.letter.id).status, OperatorAction.objects.count())
+    return (jobs, Delivery.objects.get(id=w.letter.id).status, ReportTemplate.objects.get(id=w.template.id).live,
+            OperatorAction.objects.count())
 
 
 def reads(w: World) -> list[tuple[str, str]]:
@@ -100,11 +110,15 @@ def reads(w: World) -> list[tuple[str, str]]:
         ("letters:page", f"/admin/webhooks/deadletter/{w.letter.id}/change/"),
         ("deliveries:list", "/admin/webhooks/delivery/"),
         ("spend", "/admin/billing/spend/"),
+        ("templates:list", "/admin/jobs/reporttemplate/"),
+        ("templates:page", f"/admin/jobs/reporttemplate/{w.template.id}/change/"),
+        ("templates:version", f"/admin/jobs/reporttemplate/{w.template.id}/versions/2/"),
     ]
 
 
 READ_NEEDS = {"jobs": "jobs.view_job", "orders": "orders.view_order", "letters": "webhooks.view_deadletter",
-              "deliveries": "webhooks.view_delivery", "spend": "billing.view_budgetmonth"}
+              "deliveries": "webhooks.view_delivery", "spend": "billing.view_budgetmonth",
+              "templates": "jobs.view_reporttemplate"}
 
 
 def acts(w: World) -> list[tuple[str, str, dict, str]]:
@@ -128,6 +142,7 @@ def acts(w: World) -> list[tuple[str, str, dict, str]]:
          {"action": "replay_selected", "_selected_action": w.letter.id}, "webhooks.replay_delivery"),
         ("delivery:selected", "/admin/webhooks/delivery/", {"action": "replay", "_selected_action": w.letter.id},
          "webhooks.replay_delivery"),
+        ("live:one", f"/admin/jobs/reporttemplate/{w.template.id}/versions/2/live/", {}, "jobs.change_reporttemplate"),
     ]
 
 
@@ -152,6 +167,16 @@ def test_every_admin_url_answers_exactly_as_the_users_permissions_say_and_a_refu
             assert answer.status_code == (200 if allowed else 403), (name, page, answer.status_code)
             if page == "jobs:output" and allowed:
                 assert answer.content == b"render bytes"
+
+        # A version's preview is posted (a subject is too large for a URL) but only reads: the view permission.
+        before = state(w)
+        path = f"/admin/jobs/reporttemplate/{w.template.id}/versions/2/"
+        answer = http.post(f"{base}{path}", timeout=10, allow_redirects=False, headers={"Referer": f"{base}{path}"},
+                           data={"csrfmiddlewaretoken": csrf, "subject": '{"name": "Ada"}', "model": "sandbox/llm"})
+        allowed = holds(perms, READ_NEEDS["templates"])
+        assert answer.status_code == (200 if allowed else 403), (name, "templates:preview", answer.status_code)
+        assert ('data-testid="worst-total"' in answer.text) == allowed
+        assert state(w) == before
 
         for action, path, fields, needs in acts(w):
             allowed = holds(perms, needs)

@@ -1,5 +1,6 @@
-"""The report kind as the tests ask for it: a body (its subject and chapters), waiting for a report's
-run to end, the LLM calls it made in the sandbox, and the headers its page must carry."""
+"""The report kind as the tests ask for it: a body (its subject and chapters), a client's template and a subject
+for it, waiting for a report's run to end, the LLM calls it made in the sandbox, and the headers its page must
+carry."""
 
 import re
 import time
@@ -7,6 +8,27 @@ import time
 
 CHAPTERS = ["sun", "moon", "rising", "venus", "mars", "jupiter", "saturn", "nodes"]
 SUBJECT = {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"}
+
+# A client's report template (docs/report-templates.md's garden plan, with a heading and a mail subject that
+# print variables too), and a subject that fills it: the admin's preview tests read them.
+GARDEN = {
+    "name": "garden-plan",
+    "system": "You are a garden designer writing for {{ subject.name }}. Write in Markdown, warmly and concretely.",
+    "synthesis": "Sum up, in two paragraphs, what a garden for this plot and this person should be.",
+    "chapters": [
+        {"key": "soil", "title": "Your soil", "instruction": "Advise on the soil of a {{ subject.plot }} plot."},
+        {"key": "plants", "title": "What to plant",
+         "instruction": "Choose ten plants for {{ subject.climate }} weather."},
+        {"key": "year", "title": "Your first year", "instruction": "Plan the first year, season by season."}],
+    "max_output_tokens": 1200,
+    "layout": {"title": "A garden for {{ subject.name }}", "chapter_heading": "{{ chapter.title }} ({{ chapter.key }})",
+               "closing": "_Planned for {{ subject.name }}. Happy digging._"},
+    "mail": {"subject": "Your garden plan is ready, {{ subject.name }}",
+             "body": ("Hello {{ subject.name }},\n\nyour plan is here: {{ link }}\n\n"
+                      "The link works for {{ link_days }} days.\n")},
+    "page_title": "Your garden plan",
+}
+GARDEN_SUBJECT = {"name": "Ada", "plot": "clay", "climate": "maritime"}
 
 
 def report_body(chapters=CHAPTERS, **overrides) -> dict:

@@ -323,14 +323,16 @@ def version_create(*, client, name: str, body: dict, live: bool = True) -> "Repo
     return version
 
 
-def version_set_live(*, client, name: str, number: int) -> bool:
-    """Point `live` at one of the template's versions. False: the client has no such template or version."""
+def version_set_live(*, client, name: str, number: int) -> int | None:
+    """Point `live` at one of the template's versions. Returns the number it pointed at before (read under
+    the row's lock, so an operator's audit row says what this move replaced, not what an earlier read saw);
+    None: the client has no such template or version."""
     with transaction.atomic():
         template = ReportTemplate.objects.select_for_update().filter(client=client, name=name).first()
         if template is None or not template.versions.filter(number=number).exists():
-            return False
+            return None
         ReportTemplate.objects.filter(id=template.id).update(live=number, updated_at=timezone.now())
-    return True
+    return template.live
 
 
 def version_row(*, client_id, name: str, number: int | None = None) -> "ReportTemplateVersion | None":
