@@ -48,12 +48,21 @@ def own_job_output(*, client_id, job_id) -> Job | None:
     return Job.objects.filter(client_id=client_id, id=job_id).only("kind", "status", "output").first()
 
 
-def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwards: bool, limit: int) -> list[Job]:
+def job_list_rows(*, client_id, status: str | None, after: tuple | None, backwards: bool, limit: int,
+                  created_after=None, created_before=None, metadata: dict | None = None) -> list[Job]:
     """A client's jobs by (created_at, id): newest first, older than `after` (a position); or, going
-    `backwards`, newer than `after`, nearest first. On the index job_client_created."""
+    `backwards`, newer than `after`, nearest first; within [created_after, created_before), and with every
+    `metadata` pair (`@>`, a string value). On the index job_client_created: the time range bounds its scan;
+    a metadata pair is checked on the rows it reads."""
     jobs = Job.objects.filter(client_id=client_id)
     if status:
         jobs = jobs.filter(status=status)
+    if created_after is not None:
+        jobs = jobs.filter(created_at__gte=created_after)
+    if created_before is not None:
+        jobs = jobs.filter(created_at__lt=created_before)
+    if metadata:
+        jobs = jobs.filter(metadata__contains=metadata)
     if after is None:
         jobs = jobs.order_by("-created_at", "-id")
     elif backwards:

@@ -13,6 +13,8 @@ import json
 import uuid
 from datetime import datetime
 
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from executor.selectors import attempts_for
@@ -54,14 +56,60 @@ def decode_cursor(raw: str) -> tuple[datetime, uuid.UUID, str]:
         raise InvalidRequest("Invalid cursor.", fields={"cursor": ["Not a cursor from an earlier page."]}) from None
 
 
-def job_page(request, *, client_id, status: str | None) -> dict:
-    """`{"next", "previous", "results"}` for the client's jobs (optionally of one status)."""
+# At most this many `metadata.<key>=<value>` filters on one list request, each key and value bounded.
+MAX_METADATA_FILTERS = 10
+_METADATA_KEY_MAX, _METADATA_VALUE_MAX = 200, 1000
+
+
+def list_filters(params) -> dict:
+    """The list's filters from the query string: `created_after`, `created_before` (ISO 8601 with an offset)
+    and `metadata.<key>=<value>` (a string value; several must all match). InvalidRequest naming the
+    parameter for one that cannot be read. The cursor keeps its place within the same filters: a client
+    sends the same filters with each page's link (the links carry them)."""
+    filters, fields = {"metadata": {}}, {}
+    for name in ("created_after", "created_before"):
+        raw = params.get(name)
+        if raw is None:
+            continue
+        moment = _moment(raw)
+        if (moment is None or timezone.is_naive(moment)) and " " in raw:
+            # `+01:00` sent unencoded reads ` 01:00` (a `+` in a query string is a space): take it as meant.
+            moment = _moment("+".join(raw.rsplit(" ", 1)))
+        if moment is None or timezone.is_naive(moment):
+            fields[name] = ["An ISO 8601 time with its offset, e.g. 2026-12-01T00:00:00Z."]
+        else:
+            filters[name] = moment
+    for name, value in params.items():
+        if not name.startswith("metadata."):
+            continue
+        key = name[len("metadata."):]
+        if not key or len(key) > _METADATA_KEY_MAX or len(value) > _METADATA_VALUE_MAX or "\x00" in key + value:
+            fields[name] = [f"A key of 1 to {_METADATA_KEY_MAX} characters and a value of at most {_METADATA_VALUE_MAX}."]
+        else:
+            filters["metadata"][key] = value
+    if len(filters["metadata"]) > MAX_METADATA_FILTERS:
+        fields["metadata"] = [f"At most {MAX_METADATA_FILTERS} metadata filters."]
+    if fields:
+        raise InvalidRequest("The list's filters are not valid.", fields=fields)
+    return filters
+
+
+def _moment(raw: str) -> datetime | None:
+    try:
+        return parse_datetime(raw) if "\x00" not in raw else None
+    except ValueError:  # well formed, not a time (a 13th month)
+        return None
+
+
+def job_page(request, *, client_id, status: str | None, filters: dict | None = None) -> dict:
+    """`{"next", "previous", "results"}` for the client's jobs (optionally of one status, and within the
+    list's filters)."""
     limit = _limit(request.query_params.get("limit"))
     raw_cursor = request.query_params.get("cursor")
     cursor = decode_cursor(raw_cursor) if raw_cursor else None  # `cursor=` (empty) is the first page
     backwards = cursor is not None and cursor[2] == "prev"
     rows = job_list_rows(client_id=client_id, status=status, after=cursor[:2] if cursor else None,
-                         backwards=backwards, limit=limit + 1)
+                         backwards=backwards, limit=limit + 1, **(filters or {}))
     attempts = attempts_for([job.id for job in rows[:limit]])
     shown, results, size = [], [], 0
     for job in rows[:limit]:

@@ -34,7 +34,7 @@ from jobs.api.errors import (
     error_body,
     method_not_allowed,
 )
-from jobs.api.pagination import MAX_LIMIT, job_page
+from jobs.api.pagination import MAX_LIMIT, MAX_METADATA_FILTERS, job_page, list_filters
 from jobs.api.parsers import IDEMPOTENCY_KEY_PATTERN, idempotency_key_from, read_json_body
 from jobs.api.schema import ERROR_SCHEMA
 from jobs.api.serializers import JobCreateSerializer, JobSerializer
@@ -101,6 +101,13 @@ class JobListCreateView(APIView):
             OpenApiParameter("cursor", str, description="From `next` or `previous` of an earlier page."),
             OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 50},
                              description="Jobs per page; a page also stops before it grows past about 1 MiB."),
+            OpenApiParameter("created_after", OpenApiTypes.DATETIME,
+                             description="Only jobs created at or after this time (ISO 8601, with its offset)."),
+            OpenApiParameter("created_before", OpenApiTypes.DATETIME,
+                             description="Only jobs created before this time (ISO 8601, with its offset)."),
+            OpenApiParameter("metadata.{key}", str, description=(
+                f"Only jobs whose metadata has `key` with this string value, e.g. `metadata.campaign=spring`; up "
+                f"to {MAX_METADATA_FILTERS} such filters, all of which must match.")),
         ],
         responses={200: _JOB_PAGE, 401: ERROR_SCHEMA, 422: ERROR_SCHEMA},
     )
@@ -108,7 +115,8 @@ class JobListCreateView(APIView):
         status = request.query_params.get("status")
         if status and status not in JobStatus.values:
             raise InvalidRequest("Unknown status.", fields={"status": [f"One of {', '.join(JobStatus.values)}."]})
-        return Response(job_page(request, client_id=request.user.id, status=status or None))
+        return Response(job_page(request, client_id=request.user.id, status=status or None,
+                                 filters=list_filters(request.query_params)))
 
 
 class JobDetailView(APIView):

@@ -581,10 +581,16 @@ export interface operations {
     jobs_list: {
         parameters: {
             query?: {
+                /** @description Only jobs created at or after this time (ISO 8601, with its offset). */
+                created_after?: string;
+                /** @description Only jobs created before this time (ISO 8601, with its offset). */
+                created_before?: string;
                 /** @description From `next` or `previous` of an earlier page. */
                 cursor?: string;
                 /** @description Jobs per page; a page also stops before it grows past about 1 MiB. */
                 limit?: number;
+                /** @description Only jobs whose metadata has `key` with this string value, e.g. `metadata.campaign=spring`; up to 10 such filters, all of which must match. */
+                "metadata.{key}"?: string;
                 status?: "cancelled" | "failed" | "queued" | "running" | "succeeded" | "waiting";
             };
             header?: never;
