@@ -7,6 +7,7 @@ with them."""
 
 import uuid
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey
@@ -19,6 +20,14 @@ class Client(models.Model):
     name = models.CharField(max_length=200)
     # The budget cap per month (billing reads it); null means BUDGET_MONTHLY_CAP_USD.
     monthly_cap_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Creates per second, a token bucket (jobs.api.limits); null means CLIENT_CREATES_PER_S and
+    # CLIENT_CREATE_BURST, a rate of 0 no limit.
+    creates_per_s = models.DecimalField(
+        max_digits=9, decimal_places=3, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="POST /v1/jobs per second, on average; blank: CLIENT_CREATES_PER_S; 0: no limit.")
+    create_burst = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
+        help_text="Creates taken at once before the rate applies; blank: CLIENT_CREATE_BURST.")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     # A Client is what DRF's request.user is for API calls (jobs.api.auth).

@@ -343,6 +343,11 @@ UNKNOWN_OUTCOME_MAX_S = env_float("UNKNOWN_OUTCOME_MAX_S", 900.0, minimum=1.0)
 # sees both sides agree: past it, an attempt whose outcome is unknown is uncertain, never resent.
 SANDBOX_KEY_TTL_S = env_float("SANDBOX_KEY_TTL_S", 0.0, minimum=0.0) or None
 
+# Creates per second per client (jobs.api.limits; docs/api.md, "Limits"): a token bucket of CLIENT_CREATE_BURST
+# filling at CLIENT_CREATES_PER_S, unless the client's own row says otherwise; 0: no limit.
+CLIENT_CREATES_PER_S = env_float("CLIENT_CREATES_PER_S", 500.0, minimum=0.0)
+CLIENT_CREATE_BURST = env_int("CLIENT_CREATE_BURST", 1000, minimum=1)
+
 # Reports (docs/design.md, "Reports and orders").
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)
 REPORT_CHAPTER_MAX_TOKENS = env_int("REPORT_CHAPTER_MAX_TOKENS", 4000, minimum=1)

@@ -8,7 +8,8 @@ from rest_framework import authentication, exceptions
 from accounts.models import Client, ClientAPIKey
 
 _KEY_SQL = """
-SELECT k.id, k.hashed_key, k.expiry_date, c.id, c.name, c.monthly_cap_usd, c.created_at
+SELECT k.id, k.hashed_key, k.expiry_date, c.id, c.name, c.monthly_cap_usd, c.created_at, c.creates_per_s,
+       c.create_burst
   FROM jobs_clientapikey k JOIN jobs_client c ON c.id = k.client_id
  WHERE k.prefix = %s AND NOT k.revoked
 """
@@ -34,11 +35,12 @@ class BearerAPIKeyAuthentication(authentication.BaseAuthentication):
             found = cursor.fetchone()
         if found is None:
             raise exceptions.AuthenticationFailed("Invalid API key.")
-        key_id, hashed_key, expiry_date, client_id, name, cap, created_at = found
+        key_id, hashed_key, expiry_date, client_id, name, cap, created_at, creates_per_s, create_burst = found
         expired = expiry_date is not None and expiry_date < timezone.now()
         if expired or not ClientAPIKey.objects.key_generator.verify(key, hashed_key):
             raise exceptions.AuthenticationFailed("Invalid API key.")
-        return Client(id=client_id, name=name, monthly_cap_usd=cap, created_at=created_at), key_id
+        return Client(id=client_id, name=name, monthly_cap_usd=cap, created_at=created_at, creates_per_s=creates_per_s,
+                      create_burst=create_burst), key_id
 
     def authenticate_header(self, request):
         return 'Bearer realm="payonce"'

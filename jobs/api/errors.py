@@ -65,6 +65,18 @@ class TooManyStreams(ApiError):
     code = "TOO_MANY_STREAMS"
 
 
+class RateLimited(ApiError):
+    """A create over its client's creates per second (jobs.api.limits): nothing was read or written. The
+    answer's Retry-After says when a token is there; the same request then, under the same key, is taken."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    code = "RATE_LIMITED"
+
+    def __init__(self, message: str, *, retry_after: int, **extra):
+        super().__init__(message, **extra)
+        self.retry_after = retry_after
+
+
 class StoreUnavailable(ApiError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     code = "STORE_UNAVAILABLE"
@@ -114,7 +126,7 @@ ERROR_CODES = (
     "IDEMPOTENCY_CONFLICT", "OUTPUT_KEY_CONFLICT", "JOB_TERMINAL", "JOB_NOT_RETRYABLE", "JOB_NOT_SUCCEEDED",
     "REPORT_NOT_SEALED", "CALLBACK_EARLY",
     "PAYLOAD_TOO_LARGE", "UNSUPPORTED_MEDIA_TYPE", "INVALID_REQUEST",
-    "HEADERS_TOO_LARGE", "TOO_MANY_STREAMS",
+    "HEADERS_TOO_LARGE", "TOO_MANY_STREAMS", "RATE_LIMITED",
     "INTERNAL_ERROR", "ERROR",
     "DATABASE_UNAVAILABLE", "STORE_UNAVAILABLE",
 )
@@ -188,7 +200,10 @@ _DRF_CODES = {
 def api_exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER: map every exception to the JSON error body; never an HTML page."""
     if isinstance(exc, ApiError):
-        return Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status_code)
+        response = Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status_code)
+        if getattr(exc, "retry_after", None) is not None:
+            response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, exceptions.ValidationError) or isinstance(exc, exceptions.ParseError):
         detail = exc.detail if isinstance(exc, exceptions.ValidationError) else {"body": [str(exc.detail)]}
         return Response(

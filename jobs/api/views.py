@@ -22,6 +22,7 @@ from executor.registry import OUTPUT_CONTENT_TYPES
 from executor.services import store_error_is_permanent
 from executor.store import client_store
 from jobs import selectors, services
+from jobs.api import limits
 from jobs.api.errors import (
     InvalidRequest,
     JobNotRetryable,
@@ -80,10 +81,13 @@ class JobListCreateView(APIView):
             400: ERROR_SCHEMA, 401: ERROR_SCHEMA,
             409: OpenApiResponse(ERROR_SCHEMA, description="IDEMPOTENCY_CONFLICT, or OUTPUT_KEY_CONFLICT"),
             413: ERROR_SCHEMA, 415: ERROR_SCHEMA, 422: ERROR_SCHEMA,
+            429: OpenApiResponse(ERROR_SCHEMA, description="RATE_LIMITED: over your creates per second; send it "
+                                 "again after Retry-After under the same Idempotency-Key"),
         },
     )
     def post(self, request):
         key = idempotency_key_from(request)
+        limits.take_create(request.user)  # before the body is read: a refused create costs next to nothing
         body = read_json_body(request)
         serializer = JobCreateSerializer(data=body, client=request.user)
         if not serializer.is_valid() and selectors.idempotency_key_used(client_id=request.user.id, key=key):

@@ -568,7 +568,7 @@ export interface components {
          * @description docs/api.md, "Every error code".
          * @enum {string}
          */
-        ErrorCode: "BAD_REQUEST" | "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "CALLBACK_UNVERIFIED" | "UNAUTHENTICATED" | "FORBIDDEN" | "NOT_FOUND" | "NOT_A_REPORT" | "CALLBACK_NOT_CONFIGURED" | "CALLBACK_UNKNOWN_GENERATION" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "REQUEST_TIMEOUT" | "IDEMPOTENCY_CONFLICT" | "OUTPUT_KEY_CONFLICT" | "JOB_TERMINAL" | "JOB_NOT_RETRYABLE" | "JOB_NOT_SUCCEEDED" | "REPORT_NOT_SEALED" | "CALLBACK_EARLY" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "INVALID_REQUEST" | "HEADERS_TOO_LARGE" | "TOO_MANY_STREAMS" | "INTERNAL_ERROR" | "ERROR" | "DATABASE_UNAVAILABLE" | "STORE_UNAVAILABLE";
+        ErrorCode: "BAD_REQUEST" | "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "CALLBACK_UNVERIFIED" | "UNAUTHENTICATED" | "FORBIDDEN" | "NOT_FOUND" | "NOT_A_REPORT" | "CALLBACK_NOT_CONFIGURED" | "CALLBACK_UNKNOWN_GENERATION" | "METHOD_NOT_ALLOWED" | "NOT_ACCEPTABLE" | "REQUEST_TIMEOUT" | "IDEMPOTENCY_CONFLICT" | "OUTPUT_KEY_CONFLICT" | "JOB_TERMINAL" | "JOB_NOT_RETRYABLE" | "JOB_NOT_SUCCEEDED" | "REPORT_NOT_SEALED" | "CALLBACK_EARLY" | "PAYLOAD_TOO_LARGE" | "UNSUPPORTED_MEDIA_TYPE" | "INVALID_REQUEST" | "HEADERS_TOO_LARGE" | "TOO_MANY_STREAMS" | "RATE_LIMITED" | "INTERNAL_ERROR" | "ERROR" | "DATABASE_UNAVAILABLE" | "STORE_UNAVAILABLE";
     };
     responses: never;
     parameters: never;
@@ -711,6 +711,15 @@ export interface operations {
                 };
             };
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description RATE_LIMITED: over your creates per second; send it again after Retry-After under the same Idempotency-Key */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
