@@ -11,6 +11,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
@@ -23,8 +24,8 @@ from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
 from config.sql import violated_constraint
-from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, STORED_OUTPUT, Attempt,
-                             AttemptState, ModelKind)
+from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, PAID_UNKNOWN, PAID_YES,
+                             STORED_OUTPUT, Attempt, AttemptState, ModelKind)
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
@@ -75,6 +76,21 @@ def media_worst_case(model_name: str, request: dict) -> Decimal:
                             input_tokens=rates.input_tokens_bound(None, [{"content": prompt}]))
 
 
+def _before_deadline(job) -> None:
+    """`policy.deadline_s`: a job whose first paid call has not gone out by then ends DEADLINE_EXCEEDED, with
+    nothing reserved or sent. Only before its first paid call: once an attempt of the job may have been paid
+    (Paid: yes or unknown, PAID_YES | PAID_UNKNOWN), the job is never cut short by it (its waits are bounded
+    as every wait is). Read here, at the one decision to pay, so no path to a provider passes it by."""
+    deadline_s = (job.policy or {}).get("deadline_s")
+    if deadline_s is None or timezone.now() < job.created_at + timedelta(seconds=deadline_s):
+        return
+    if Attempt.objects.filter(job_id=job.id).filter(PAID_YES | PAID_UNKNOWN).exists():
+        return
+    raise JobFailure(JobErrorCode.DEADLINE_EXCEEDED,
+                     f"The job's deadline ({deadline_s:g} s after it was created) passed before its first paid call "
+                     "went out: nothing was sent or paid.")
+
+
 def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decimal | None = None,
            pool: str | None = None, number_hint: int | None = None) -> Attempt:
     """Commit the attempt as `submitting`, with its key and the exact request (`request` and the metadata
@@ -108,6 +124,7 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
     if connection.atomic_blocks and not connection.atomic_blocks[-1]._from_testcase:
         raise RuntimeError("the intent to pay must commit on its own before the call: not inside a transaction, "
                            "whose rollback after the call would lose the record of the spend")
+    _before_deadline(job)
     spec = model_spec(model_name)
     if spec is None:
         return _unavailable(job, model_name, step=step, number_hint=number_hint)

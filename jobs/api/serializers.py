@@ -105,6 +105,9 @@ class PolicySerializer(StrictSerializer):
     # that was charged ends the job PAID_ATTEMPT_FAILED and only a person's retry pays again). Absent
     # rather than defaulted, so the stored body, and with it an Idempotency-Key's hash, is what it was.
     paid_retries = StrictIntegerField(required=False, min_value=0, max_value=10)
+    # Seconds after the create by which the job's first paid call must go out, else it ends DEADLINE_EXCEEDED
+    # unpaid (executor.record); a paid job is never cut short by it. Absent: none.
+    deadline_s = serializers.FloatField(required=False, min_value=1, max_value=30 * 86400)
 
     def validate_fallback_on(self, value):
         return sorted(set(value), key=FALLBACK_REASONS.index)
@@ -115,9 +118,10 @@ class PolicySerializer(StrictSerializer):
         return attrs
 
     def to_internal_value(self, data):
-        window = data.get("window_s") if isinstance(data, dict) else None
-        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))):
-            raise serializers.ValidationError({"window_s": ["A number of seconds is required."]})
+        for name in ("window_s", "deadline_s"):
+            value = data.get(name) if isinstance(data, dict) else None
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise serializers.ValidationError({name: ["A number of seconds is required."]})
         return super().to_internal_value(data)
 
 

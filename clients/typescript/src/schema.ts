@@ -468,6 +468,8 @@ export interface components {
             /** Format: double */
             window_s?: number;
             paid_retries?: number;
+            /** Format: double */
+            deadline_s?: number;
         };
         Report: {
             /** Format: uuid */

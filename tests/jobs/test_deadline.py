@@ -1,0 +1,43 @@
+"""`policy.deadline_s` (docs/api.md, "Create a job"): a job whose first paid call has not gone out by its deadline
+ends DEADLINE_EXCEEDED with nothing reserved or sent; a job already paid is never cut short by it. The job engine
+runs in this process as a worker runs it (tests/support/engine.py), the sandbox's ledger the ground truth."""
+
+from datetime import timedelta
+
+import pytest
+
+from billing.models import Reservation
+from executor.models import Attempt
+from jobs.models import Job
+from tests.conftest import media_body
+from tests.support.books import assert_books_balance
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_queued_job_past_its_deadline_ends_unpaid(engine, api, ledger):
+    created = api.create(media_body(policy={"deadline_s": 5}), key="late")
+    assert created.status_code == 201 and created.json()["policy"]["deadline_s"] == 5
+    # It waited in the queue past its deadline (a backlog, no worker): then a worker takes it.
+    Job.objects.filter(id=created.json()["id"]).update(created_at=Job.objects.get(id=created.json()["id"]).created_at
+                                                      - timedelta(seconds=6))
+    job = engine.run_job(created.json()["id"])
+    assert job.status == "failed" and job.error["code"] == "DEADLINE_EXCEEDED", job.error
+    assert not Attempt.objects.filter(job=job).exists() and not Reservation.objects.filter(job_id=job.id).exists()
+    assert assert_books_balance(ledger) == []
+
+
+def test_a_paid_job_is_never_cut_short_by_its_deadline(engine, api, ledger):
+    # A two-second render, accepted (paid) at once; its deadline of one second passes while it renders.
+    created = api.create(media_body(input={"prompt": "slow", "render_s": 2}, policy={"deadline_s": 1}), key="paid")
+    job = engine.run_job(created.json()["id"])
+    assert job.status == "succeeded", job.error
+    [attempt] = Attempt.objects.filter(job=job)
+    assert attempt.accepted_at is not None and (attempt.finished_at - job.created_at).total_seconds() > 1
+    assert len(assert_books_balance(ledger)) == 1
+
+
+def test_a_deadline_is_a_number_of_seconds_within_bounds(api):
+    for bad in ("soon", True, 0, 30 * 86400 + 1):
+        answer = api.create(media_body(policy={"deadline_s": bad}), key=f"bad-{bad}")
+        assert answer.status_code == 422 and "deadline_s" in answer.json()["error"]["fields"]["policy"], answer.content
