@@ -82,6 +82,21 @@ def env_int_list(name: str, default: str, *, minimum: int = 0) -> list[int]:
     return values
 
 
+def env_limits(name: str, default: str = "") -> dict[str, int]:
+    """`sandbox=3,replicate/black-forest-labs/flux-schnell=2`: a count per name, each at least 1."""
+    limits = {}
+    for item in env_list(name, default):
+        key, sep, value = item.rpartition("=")
+        try:
+            count = int(value)
+        except ValueError:
+            count = 0
+        if not sep or not key.strip() or count < 1:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not NAME=COUNT with a count of at least 1")
+        limits[key.strip()] = count
+    return limits
+
+
 def database_from_url(url: str) -> dict:
     """`postgres://user:password@host:port/name?sslmode=...` -> a Django DATABASES entry (psycopg 3)."""
     parts = urlsplit(url)

@@ -12,6 +12,7 @@ from config.env import (
     env_float,
     env_int,
     env_int_list,
+    env_limits,
     env_list,
     env_str,
 )
@@ -342,6 +343,11 @@ UNKNOWN_OUTCOME_MAX_S = env_float("UNKNOWN_OUTCOME_MAX_S", 900.0, minimum=1.0)
 # server and payonce's sandbox adapter read the same variable, so a test or a demo of a key that expires
 # sees both sides agree: past it, an attempt whose outcome is unknown is uncertain, never resent.
 SANDBOX_KEY_TTL_S = env_float("SANDBOX_KEY_TTL_S", 0.0, minimum=0.0) or None
+
+# Calls in flight per provider or per model, shared by every client and worker (executor.in_flight; docs/api.md,
+# "Limits"): `provider=N` or `provider/model=N`, comma-separated, over what each provider's spec declares
+# (ProviderSpec.max_in_flight). A call past one waits, unsent: no intent, no key, nothing reserved.
+PROVIDER_MAX_IN_FLIGHT = env_limits("PROVIDER_MAX_IN_FLIGHT")
 
 # Creates per second per client (jobs.api.limits; docs/api.md, "Limits"): a token bucket of CLIENT_CREATE_BURST
 # filling at CLIENT_CREATES_PER_S, unless the client's own row says otherwise; 0: no limit.

@@ -115,6 +115,10 @@ class Attempt(models.Model):
             models.Index(fields=["provider", "upstream_id"], name="attempt_upstream_id"),
             # The uncertain attempts, few: the age of the oldest one waiting for a person (operators.metrics).
             models.Index(fields=["finished_at"], name="attempt_uncertain", condition=Q(state=AttemptState.UNCERTAIN)),
+            # The attempts in flight, by provider and model: a limit of calls in flight counts them
+            # (executor.in_flight), at most its N rows, whatever the table's size.
+            models.Index(fields=["provider", "model"], name="attempt_in_flight",
+                         condition=Q(state__in=[AttemptState.SUBMITTING, AttemptState.RUNNING])),
         ]
         ordering = ["number"]
 

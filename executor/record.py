@@ -23,9 +23,11 @@ from billing import rates
 from billing import services as billing
 from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
+from config.retry import jittered
 from config.sql import violated_constraint
 from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, PAID_UNKNOWN, PAID_YES,
                              STORED_OUTPUT, Attempt, AttemptState, ModelKind)
+from executor import in_flight
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
@@ -66,6 +68,8 @@ RETURNING id
 """
 # How often an intent takes the job's next number again after a sibling step took it first.
 _NUMBER_TRIES = 20
+# How long a call held back by a limit of calls in flight waits before it asks again (jittered).
+HELD_BACK_S = 1.0
 
 
 def media_worst_case(model_name: str, request: dict) -> Decimal:
@@ -129,6 +133,7 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
     if spec is None:
         return _unavailable(job, model_name, step=step, number_hint=number_hint)
     kept = Attempt._meta.get_field("spec").get_db_prep_save(spec.snapshot(), connection)
+    limits = in_flight.limits_for(spec.provider, spec.model)
     worst = worst_case if worst_case is not None else media_worst_case(model_name, request)
     for _ in range(_NUMBER_TRIES):
         number, number_hint = number_hint or next_number(job), None
@@ -139,8 +144,13 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
                   "a_model": spec.model, "a_key": key, "a_now": now, "a_spec": kept,
                   "a_request": Attempt._meta.get_field("request").get_db_prep_save(sent, connection)}
         try:
-            rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
-                                        model=model_name, amount=worst, guard=job.NOT_CANCELLED_SQL, pool=pool)
+            # Under the provider's and the model's limits of calls in flight, where they have one: a call past
+            # one is held back here, before anything is written (executor.in_flight).
+            with in_flight.slot(limits):
+                rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
+                                            model=model_name, amount=worst, guard=job.NOT_CANCELLED_SQL, pool=pool)
+        except in_flight.Full as full:
+            raise StepRetry(f"held back, nothing sent: {full}", countdown=jittered(HELD_BACK_S)) from None
         except IntegrityError as exc:
             constraint = violated_constraint(exc)
             if constraint in (ATTEMPT_NUMBER_CONSTRAINT, RESERVATION_KEY_CONSTRAINT):

@@ -72,6 +72,9 @@ class ProviderSpec:
     # Secrets to redact from every log line (config.logs): its key's shape, wherever it appears. Its key
     # and callback secret settings are redacted by value whatever their names.
     secret_shapes: tuple[SecretShape, ...] = ()
+    # The most calls the provider takes in flight at once (its documented concurrency, for every client of
+    # one account), None: no limit of its own. PROVIDER_MAX_IN_FLIGHT overrides it (executor.in_flight).
+    max_in_flight: int | None = None
 
     @property
     def key_setting(self) -> str | None:
