@@ -7,7 +7,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('executor', '0009_attempt_spec'),
-        ('jobs', '0010_report_templates'),
     ]
 
     operations = [

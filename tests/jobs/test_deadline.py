@@ -1,4 +1,4 @@
-"""`policy.deadline_s` (docs/api.md, "Create a job"): a job whose first paid call has not gone out by its deadline
+"""`policy.deadline_s` (docs/api.md, "Create a job: POST /v1/jobs"): a job whose first paid call has not gone out by its deadline
 ends DEADLINE_EXCEEDED with nothing reserved or sent; a job already paid is never cut short by it. The job engine
 runs in this process as a worker runs it (tests/support/engine.py), the sandbox's ledger the ground truth."""
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 
 # A body that gives every field of POST /v1/jobs (the policy every field of its own).
 JOB_BODY = media_body(policy={"attempts_per_model": 3, "fallback_on": ["exhausted"], "window_s": 600,
-                              "paid_retries": 1},
+                              "paid_retries": 1, "deadline_s": 3600},
                       output_key="outputs/hash/one.mp4", webhook_url="http://127.0.0.1:9/hooks", metadata={"n": 1})
 # Each field's other value: the body with only that field changed. A field of the serializer missing
 # here fails test_every_field_has_another_value: add its other value.
@@ -34,7 +34,8 @@ JOB_CHANGED = {
     "webhook_url": "http://127.0.0.1:9/other-hooks",
     "metadata": {"n": 2},
 }
-POLICY_CHANGED = {"attempts_per_model": 2, "fallback_on": ["unavailable"], "window_s": 60, "paid_retries": 0}
+POLICY_CHANGED = {"attempts_per_model": 2, "fallback_on": ["unavailable"], "window_s": 60, "paid_retries": 0,
+                  "deadline_s": 60}
 
 ORDER_BODY = {"payment_id": "pi_hash", "run_id": "run-1", "product": "natal-chart",
               "input": {"subject": {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"},

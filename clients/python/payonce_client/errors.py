@@ -45,6 +45,7 @@ __all__ = [
     "RequestTimeout",
     "StoreUnavailable",
     "TooManyStreams",
+    "RateLimited",
     "Unauthenticated",
     "UnsupportedMediaType",
     "WaitTimeout",
@@ -251,6 +252,12 @@ class UnsupportedMediaType(APIError):
 @_code("TOO_MANY_STREAMS")
 class TooManyStreams(APIError):
     """429: one event stream more than payonce allows (per client or per process)."""
+
+
+@_code("RATE_LIMITED")
+class RateLimited(APIError):
+    """429: a create over the client's creates per second; sent again after ``Retry-After`` under the same key
+    (the retry rule does it), so this is raised only once the retries are used up."""
 
 
 @_code("INTERNAL_ERROR")

@@ -95,6 +95,7 @@ export class HeadersTooLarge extends APIError {}
 export class UnsupportedMediaType extends APIError {}
 export class InvalidRequest extends APIError {}
 export class TooManyStreams extends APIError {}
+export class RateLimited extends APIError {}
 export class InternalError extends APIError {}
 export class DatabaseUnavailable extends APIError {}
 export class StoreUnavailable extends APIError {}
@@ -136,6 +137,7 @@ export const ERROR_CLASSES: Readonly<Record<ErrorCode | "METRICS_UNAUTHORIZED" |
   UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaType,
   INVALID_REQUEST: InvalidRequest,
   TOO_MANY_STREAMS: TooManyStreams,
+  RATE_LIMITED: RateLimited,
   INTERNAL_ERROR: InternalError,
   ERROR: APIError,
   DATABASE_UNAVAILABLE: DatabaseUnavailable,
