@@ -139,14 +139,16 @@ def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decima
         number, number_hint = number_hint or next_number(job), None
         key = upstream_key(job.id, number)
         sent = {**request, "metadata": {"payonce_job": str(job.id), "payonce_attempt": number, "upstream_key": key}}
-        now = timezone.now()
         intent = {"a_job": job.id, "a_run": job.run, "a_step": step, "a_number": number, "a_provider": spec.provider,
-                  "a_model": spec.model, "a_key": key, "a_now": now, "a_spec": kept,
+                  "a_model": spec.model, "a_key": key, "a_spec": kept,
                   "a_request": Attempt._meta.get_field("request").get_db_prep_save(sent, connection)}
         try:
             # Under the provider's and the model's limits of calls in flight, where they have one: a call past
             # one is held back here, before anything is written (executor.in_flight).
             with in_flight.slot(limits):
+                # Its moment is read once it holds its slot: an attempt is in flight from then, never from
+                # before a wait on another's lock (an interval that would overlap one that had ended).
+                intent["a_now"] = now = timezone.now()
                 rows = billing.reserve_then(_INTENT_SQL, intent, client_id=job.client_id, job_id=job.id, key=key,
                                             model=model_name, amount=worst, guard=job.NOT_CANCELLED_SQL, pool=pool)
         except in_flight.Full as full:
