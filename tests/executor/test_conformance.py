@@ -569,6 +569,8 @@ def test_paid_failure(profile, failure, harness):
 
 @pytest.mark.parametrize("profile", PROFILES, ids=IDS)
 def test_lookup(profile, harness):
+    # Not a hidden failure: an adapter that does not declare the capability has no such case to run, and
+    # test_every_declared_capability_has_its_case fails one that declares it without its case.
     if not capabilities_of(profile).lookup:
         pytest.skip(f"{profile.id}: capabilities.lookup is False")
     assert profile.lookup is not None, f"{profile.id} declares lookup: its profile needs the lookup case"
@@ -577,6 +579,8 @@ def test_lookup(profile, harness):
 
 @pytest.mark.parametrize("profile", PROFILES, ids=IDS)
 def test_cancel(profile, harness):
+    # Not a hidden failure: an adapter that does not declare the capability has no such case to run, and
+    # test_every_declared_capability_has_its_case fails one that declares it without its case.
     if not capabilities_of(profile).cancel:
         pytest.skip(f"{profile.id}: capabilities.cancel is False")
     assert profile.cancel is not None, f"{profile.id} declares cancel: its profile needs the cancel case"
@@ -596,6 +600,8 @@ def asks_for_callbacks(profile: Profile, h) -> bool:
 
 @pytest.mark.parametrize("profile", PROFILES, ids=IDS)
 def test_callbacks(profile, harness):
+    # Not a hidden failure: an adapter that does not declare the capability has no such case to run, and
+    # test_every_declared_capability_has_its_case fails one that declares it without its case.
     if not capabilities_of(profile).callbacks:
         pytest.skip(f"{profile.id}: capabilities.callbacks is False")
     assert profile.callback is not None, f"{profile.id} asks for callbacks: its profile needs the callback case"
@@ -735,6 +741,7 @@ def test_every_field_the_call_sets_is_one_of_the_adapters_own(profile, wire):
 @pytest.mark.parametrize(("profile", "own_field"),
                          pairs(lambda p: p.adapter.own_fields if p.kind == "media" else (), str))
 def test_a_parameter_named_like_an_own_field_never_replaces_payonces_value(profile, own_field, wire):
+    # Not a hidden failure: a text profile has no own fields to protect (pairs() yields None for it).
     if own_field is None:
         pytest.skip(f"{profile.id}: a text call (complete) takes no job parameters: its whole body is payonce's")
     check_own_field_kept(profile, wire, own_field)
