@@ -86,7 +86,7 @@ def order_job_input(*, client, data: dict) -> dict:
     A template the subject cannot fill (or one the client does not have) is refused, before anything is
     written: InvalidRequest naming `input.<field>`."""
     report = {**data["input"], "email": data["email"]}
-    if "template" not in report and templates.version_row(client_id=client.id, name=data["product"]) is not None:
+    if "template" not in report and templates.has_template(client_id=client.id, name=data["product"]):
         report["template"] = {"name": data["product"]}
     errors, job_input = report_input(report, client_id=client.id)
     if errors:

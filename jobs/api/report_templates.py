@@ -15,12 +15,12 @@ from jobs.api.parsers import read_json_body
 from jobs.api.schema import ERROR_SCHEMA
 from jobs.api.serializers import StrictCharField, StrictIntegerField, StrictRegexField, StrictSerializer
 from jobs.kinds.report import templates
+from jobs.kinds.report.kind import CHAPTER_KEY
 from jobs.models import ReportTemplate
 
 # A template's name; an order's `product` of the same name is written from it (orders.views).
 NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
 NAME = re.compile(rf"\A{NAME_PATTERN}\Z", re.ASCII)
-_CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
 _TITLE_MAX_CHARS = 500
 
 
@@ -29,7 +29,7 @@ def _text(**kwargs):
 
 
 class ChapterSerializer(StrictSerializer):
-    key = StrictRegexField(_CHAPTER_KEY.pattern, max_length=64)
+    key = StrictRegexField(CHAPTER_KEY.pattern, max_length=64)  # a report input's chapter key
     title = StrictCharField(max_length=_TITLE_MAX_CHARS, trim_whitespace=False)
     instruction = _text()
 

@@ -26,7 +26,7 @@ from jobs.models import ChapterStatus, Job, Report, ReportChapter
 # --- the input -----------------------------------------------------------------------------------------------
 
 # The whole key (\A...\Z: `$` would also match before a final newline), ASCII only.
-_CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
+CHAPTER_KEY = re.compile(r"\A[a-z0-9][a-z0-9-]{0,63}\Z", re.ASCII)
 
 
 
@@ -68,7 +68,7 @@ class ReportInputSerializer(StrictSerializer):
     def validate_chapters(self, value):
         if len(value) > settings.REPORT_MAX_CHAPTERS:
             raise serializers.ValidationError(f"At most {settings.REPORT_MAX_CHAPTERS} chapters.")
-        bad = [repr(key) for key in value if not _CHAPTER_KEY.match(key)]
+        bad = [repr(key) for key in value if not CHAPTER_KEY.match(key)]
         if bad:
             raise serializers.ValidationError(f"Chapter keys are slugs (a-z, 0-9, '-'): {', '.join(bad[:5])}.")
         if len(set(value)) != len(value):

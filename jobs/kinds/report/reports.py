@@ -297,11 +297,19 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+# What a saved layout holds: the keys layout_of writes.
+_LAYOUT_KEYS = frozenset(layout_of(templates.DEFAULT, {}, [], link=""))
+
+
 def layout(report: Report) -> dict:
-    """The rendered layout; a report loaded before templates existed has none saved: the default's, which
-    reads no subject field (nor does its mail, which a purge removed: then the default's too)."""
+    """The rendered layout saved on the report. What it lacks (a report loaded before templates existed has
+    none; a purge removed the mail) is the default's, which reads no subject field: rendered only then, not
+    on every read of a report."""
+    saved = report.layout or {}
+    if _LAYOUT_KEYS <= saved.keys():
+        return saved
     fallback = layout_of(templates.DEFAULT, {}, list(report.chapter_keys), link=report_link(report.job_id))
-    return {**fallback, **(report.layout or {})}
+    return {**fallback, **saved}
 
 
 def as_markdown(report: Report) -> str:

@@ -347,6 +347,10 @@ def version_row(*, client_id, name: str, number: int | None = None) -> "ReportTe
     return row
 
 
+def has_template(*, client_id, name: str) -> bool:
+    return ReportTemplate.objects.filter(client_id=client_id, name=name).exists()
+
+
 def templates_of(*, client_id) -> list[dict]:
     """The client's templates by name: where `live` points, and how many versions each has."""
     rows = (ReportTemplate.objects.filter(client_id=client_id).order_by("name")
