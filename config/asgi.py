@@ -6,6 +6,7 @@ static files handler.
 """
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import django
@@ -15,6 +16,10 @@ from django.utils.module_loading import import_string
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does before its handler
+
+
+# A request in flight longer than this is taken to block its thread (tests/executor/test_key_page_outage.py).
+STALLED_S = 0.5
 
 
 class PooledThreadsASGIHandler(ASGIHandler):
@@ -41,23 +46,36 @@ class PooledThreadsASGIHandler(ASGIHandler):
         self.load_middleware(is_async=False)
         self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"web-sync-{i}")
                            for i in range(threads)]
-        self._in_flight = [0] * threads  # touched only on the event loop's thread: no lock
+        # When each executor's requests in flight started (monotonic): touched only on the event loop's
+        # thread, so no lock.
+        self._started: list[list[float]] = [[] for _ in range(threads)]
         for executor in self._executors:  # start the threads now, not at a request
             executor.submit(int).result()
 
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
 
+    def _least_busy(self, now: float) -> int:
+        """The executor to queue on: one whose requests all started within STALLED_S, fewest first; only
+        when every one holds a stalled request, the fewest of those. A count alone would send a request
+        behind one that blocks its thread (a key page fetch waiting out its timeout) as soon as the other
+        threads each had one more request queued: waiting seconds where it could have waited milliseconds."""
+        def load(index: int) -> tuple[bool, int]:
+            started = self._started[index]
+            return (bool(started) and now - min(started) > STALLED_S, len(started))
+        return min(range(len(self._started)), key=load)
+
     async def __call__(self, scope, receive, send):
-        index = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
-        self._in_flight[index] += 1
+        now = time.monotonic()
+        index = self._least_busy(now)
+        self._started[index].append(now)
         try:
             # Django's own __call__ enters a ThreadSensitiveContext too; inside this one it is a no-op
             # (only the outermost context without an executor takes effect), so its thread is ours.
             async with ThreadSensitiveContext(executor=self._executors[index]):
                 await super().__call__(scope, receive, send)
         finally:
-            self._in_flight[index] -= 1
+            self._started[index].remove(now)
 
 
 from django.conf import settings  # noqa: E402
