@@ -28,6 +28,16 @@ class Client(models.Model):
     create_burst = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
         help_text="Creates taken at once before the rate applies; blank: CLIENT_CREATE_BURST.")
+    # Fair dispatch (jobs.dispatch; docs/api.md, "Limits"): jobs of this client in progress at once (null:
+    # CLIENT_MAX_RUNNING; 0: no limit), and its share of the rotation against other clients with ready work.
+    max_running = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(1_000_000)],
+        help_text="Jobs in progress at once (a render waiting on its provider holds none); blank: "
+                  "CLIENT_MAX_RUNNING; 0: no limit.")
+    weight = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Its share of the rotation: a client of weight 3 starts 3 jobs for each one of a client of "
+                  "weight 1 while both have work waiting.")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     # A Client is what DRF's request.user is for API calls (jobs.api.auth).

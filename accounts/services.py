@@ -18,3 +18,20 @@ def client_create(*, name: str, monthly_cap_usd: Decimal | None = None) -> tuple
         client = Client.objects.create(name=name, monthly_cap_usd=monthly_cap_usd)
         _, api_key = ClientAPIKey.objects.create_key(name=f"{name} key", client=client)
     return client, api_key
+
+
+# The limits an operator sets on a client (admin, manage.py client_limits): each blank means its setting.
+LIMIT_FIELDS = ("monthly_cap_usd", "creates_per_s", "create_burst", "max_running", "weight")
+
+
+def client_set_limits(*, client: Client, **values) -> Client:
+    """Set some of a client's limits (LIMIT_FIELDS; None: back to the setting's default). Checked by the
+    model's own validators, as the admin's form checks them: a value refused changes nothing."""
+    unknown = set(values) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValueError(f"not a client limit: {', '.join(sorted(unknown))}")
+    for name, value in values.items():
+        setattr(client, name, value)
+    client.full_clean(exclude=[f.name for f in Client._meta.fields if f.name not in values])
+    client.save(update_fields=list(values))
+    return client

@@ -353,6 +353,9 @@ PROVIDER_MAX_IN_FLIGHT = env_limits("PROVIDER_MAX_IN_FLIGHT")
 # filling at CLIENT_CREATES_PER_S, unless the client's own row says otherwise; 0: no limit.
 CLIENT_CREATES_PER_S = env_float("CLIENT_CREATES_PER_S", 500.0, minimum=0.0)
 CLIENT_CREATE_BURST = env_int("CLIENT_CREATE_BURST", 1000, minimum=1)
+# Jobs of one client in progress at once (jobs.dispatch), unless its row says otherwise; 0: no limit. A job
+# past it waits queued; a render waiting on its provider holds no slot.
+CLIENT_MAX_RUNNING = env_int("CLIENT_MAX_RUNNING", 100, minimum=0)
 
 # Reports (docs/design.md, "Reports and orders").
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)

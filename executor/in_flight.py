@@ -47,6 +47,18 @@ def _count_sql(name: str) -> tuple[str, list]:
             f" AND state IN ('{IN_FLIGHT[0]}', '{IN_FLIGHT[1]}') LIMIT %s) in_flight"), params
 
 
+def full_limit(provider: str, model: str) -> tuple[str, int] | None:
+    """(name, limit) of a limit of this provider or model that has its calls in flight now, or None: why a
+    call would be held back (GET /v1/jobs/{id}'s `waiting`). A read, without the lock: a figure of now."""
+    with connection.cursor() as cursor:
+        for name, limit in limits_for(provider, model):
+            sql, params = _count_sql(name)
+            cursor.execute(sql, [*params, limit])
+            if cursor.fetchone()[0] >= limit:
+                return name, limit
+    return None
+
+
 class Full(Exception):
     """A limit has its calls in flight: nothing may be sent past it now."""
 

@@ -7,6 +7,7 @@ tests/executor/test_policy.py checks them row by row.
 """
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from config.retry import backoff_s
@@ -210,3 +211,15 @@ def poll_due(*, waited_s: float, expected_s: float | None, interval_s: float) ->
     first. A pass that comes early (the stage run inline right after the submit) schedules the first
     poll instead. A little early counts as due: timers fire a few milliseconds either side."""
     return waited_s >= (expected_s or interval_s) * 0.98
+
+
+def job_deadline(created_at: datetime, policy: dict | None) -> datetime | None:
+    """The moment by which a job's first paid call must go out (`policy.deadline_s` after its create, or
+    `policy.deadline_at`: the earlier), or None: it has none (executor.record, jobs.engine.sweeper)."""
+    policy = policy or {}
+    moments = []
+    if policy.get("deadline_s") is not None:
+        moments.append(created_at + timedelta(seconds=policy["deadline_s"]))
+    if policy.get("deadline_at"):
+        moments.append(datetime.fromisoformat(policy["deadline_at"]))
+    return min(moments) if moments else None

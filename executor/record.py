@@ -11,7 +11,6 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
@@ -25,9 +24,11 @@ from billing.models import RESERVATION_KEY_CONSTRAINT
 from config.logs import log_event
 from config.retry import jittered
 from config.sql import violated_constraint
-from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT, PAID_UNKNOWN, PAID_YES,
+from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT,
                              STORED_OUTPUT, Attempt, AttemptState, ModelKind)
 from executor import in_flight
+from executor.policy import job_deadline
+from executor.selectors import attempts_maybe_paid
 from executor.providers import ADAPTERS, http
 from executor.providers.base import CHEAP_LLM, ErrorClass
 from executor.registry import ModelSpec, code_spec, model_spec
@@ -81,18 +82,21 @@ def media_worst_case(model_name: str, request: dict) -> Decimal:
 
 
 def _before_deadline(job) -> None:
-    """`policy.deadline_s`: a job whose first paid call has not gone out by then ends DEADLINE_EXCEEDED, with
+    """`policy.deadline_s` (or `deadline_at`): a job whose first paid call has not gone out by then ends DEADLINE_EXCEEDED, with
     nothing reserved or sent. Only before its first paid call: once an attempt of the job may have been paid
     (Paid: yes or unknown, PAID_YES | PAID_UNKNOWN), the job is never cut short by it (its waits are bounded
     as every wait is). Read here, at the one decision to pay, so no path to a provider passes it by."""
-    deadline_s = (job.policy or {}).get("deadline_s")
-    if deadline_s is None or timezone.now() < job.created_at + timedelta(seconds=deadline_s):
+    deadline = job_deadline(job.created_at, job.policy)
+    if deadline is None or timezone.now() < deadline:
         return
-    if Attempt.objects.filter(job_id=job.id).filter(PAID_YES | PAID_UNKNOWN).exists():
+    if attempts_maybe_paid(job.id):
         return
-    raise JobFailure(JobErrorCode.DEADLINE_EXCEEDED,
-                     f"The job's deadline ({deadline_s:g} s after it was created) passed before its first paid call "
-                     "went out: nothing was sent or paid.")
+    raise JobFailure(JobErrorCode.DEADLINE_EXCEEDED, deadline_message(deadline))
+
+
+def deadline_message(deadline) -> str:
+    return (f"The job's deadline ({deadline.isoformat().replace('+00:00', 'Z')}) passed before its first paid call "
+            "went out: nothing was sent or paid.")
 
 
 def intend(job, model_name: str, *, step: str, request: dict, worst_case: Decimal | None = None,

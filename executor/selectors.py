@@ -6,7 +6,7 @@ from decimal import Decimal
 from django.db import connection
 
 from config.conditions import case_sql
-from executor.models import PAID_WHEN, Attempt, AttemptState, Paid
+from executor.models import PAID_UNKNOWN, PAID_WHEN, PAID_YES, Attempt, AttemptState, Paid
 
 # Whether an attempt `a` was paid, as the API says it (`paid`): executor.models.PAID_WHEN written out as
 # SQL, so the statements that show attempts and Attempt.paid read one rule.
@@ -105,6 +105,11 @@ def attempts_by_run(job_id) -> dict[int, RunAttempts]:
         cursor.execute(_BY_RUN_SQL, [job_id])
         return {row[0]: RunAttempts(row[0], row[1], row[2], row[3], Decimal(row[4]).quantize(_SIX), row[5])
                 for row in cursor.fetchall()}
+
+
+def attempts_maybe_paid(job_id) -> bool:
+    """Whether an attempt of the job, in any run, may have been paid (Paid: yes or unknown)."""
+    return Attempt.objects.filter(job_id=job_id).filter(PAID_YES | PAID_UNKNOWN).exists()
 
 
 def uncertain_upstream_keys(job_id) -> list[str]:

@@ -24,6 +24,10 @@ OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.WAITING)
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
+# A job's priority: higher is started sooner; within a level, clients take turns (jobs.dispatch).
+PRIORITY_MIN, PRIORITY_DEFAULT, PRIORITY_MAX = 1, 3, 5
+
+
 def job_kinds() -> list[tuple[str, str]]:
     """The job kinds as choices: the names in jobs.kinds.KINDS, the one table of kinds (a kind is one module and
     one line there). A callable, so a new kind needs no migration of this column; the API's JobKind enum is the
@@ -63,9 +67,16 @@ class Job(models.Model):
     # no live step lease and no step finished recently, the sweeper sends another
     # (docs/design.md, "Recovery: the sweeper").
     lease_until = models.DateTimeField(default=timezone.now)
+    # Fair dispatch (jobs.dispatch): a queued job is started by priority first (higher sooner), then in its
+    # client's turn; `holds_slot` says it counts against its client's running limit (from its start until it
+    # waits on a provider or ends).
+    priority = models.PositiveSmallIntegerField(default=PRIORITY_DEFAULT)
+    holds_slot = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
+            models.CheckConstraint(condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                                   name="job_priority_range"),
             # Two identical requests racing make one row: the loser's INSERT does nothing (jobs.services).
             models.UniqueConstraint(fields=["client", "idempotency_key"], name="job_client_idempotency_key"),
             # An output key is claimed by its job when the job is created
@@ -97,6 +108,12 @@ class Job(models.Model):
                 name="job_moving_lease",
                 condition=Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]),
             ),
+            # Fair dispatch reads the queued jobs only: which clients have any (a skip scan), and each
+            # one's next by priority and age.
+            models.Index(fields=["client", "-priority", "created_at"], name="job_queued",
+                         condition=Q(status=JobStatus.QUEUED)),
+            # A client's jobs holding a slot, counted against its running limit.
+            models.Index(fields=["client"], name="job_holding_slot", condition=Q(holds_slot=True)),
         ]
 
     def __str__(self):
@@ -254,3 +271,17 @@ class ReportChapter(models.Model):
 
     def __str__(self):
         return f"{self.report_id} {self.key} ({self.status})"
+
+
+class ClientTurn(models.Model):
+    """A client's place in the rotation of fair dispatch (jobs.dispatch): stride scheduling. Each start of one
+    of its jobs moves its `pass` on by 1/weight; the client with ready work and the lowest pass goes next.
+    The row is also the lock that serialises the starts of one client's jobs, so its running limit is
+    counted by one starter at a time."""
+
+    client = models.OneToOneField(Client, on_delete=models.CASCADE, primary_key=True, related_name="turn")
+    # Null until its first start: a client new to the rotation goes first, once.
+    pass_value = models.FloatField(null=True, db_column="pass")
+    # A starter passed this client over at its running limit: a slot it frees rings for its next job.
+    blocked = models.BooleanField(default=False)
+    last_at = models.DateTimeField(null=True)

@@ -3,10 +3,12 @@ executor and the operators' job list (nobody else reads jobs_job or jobs_step di
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from accounts.models import Client
+from executor.in_flight import IN_FLIGHT, full_limit
 from executor.selectors import UNPRICED_SQL, attempts_json_sql
 from jobs.models import ChapterStatus, Job, JobStatus, Step, StepStatus
 
@@ -132,10 +134,19 @@ def ended_step_count(*, job_id, run: int, names) -> int:
 
 # No live chain: the enqueue lease ran out, no step of the current run holds a live lease, and no step
 # finished within the lease (a message handing the job to its next stage may still be queued).
+# A queued job of a client at its running limit is not stuck but waiting its turn: a slot its client frees
+# rings for it (jobs.dispatch). Only when the client is under its limit again (that doorbell lost) is it.
 _STUCK_SQL = f"""
-SELECT j.id, j.run, j.kind FROM jobs_job j
+WITH full_clients AS MATERIALIZED (
+    SELECT t.client_id FROM jobs_clientturn t JOIN jobs_client c ON c.id = t.client_id
+     WHERE t.blocked AND coalesce(c.max_running, %(default_running)s) > 0
+       AND (SELECT count(*) FROM jobs_job h WHERE h.client_id = t.client_id AND h.holds_slot)
+           >= coalesce(c.max_running, %(default_running)s)
+)
+SELECT j.id, j.run, j.kind, j.status = '{JobStatus.QUEUED}' FROM jobs_job j
  WHERE j.status IN ('{JobStatus.QUEUED}', '{JobStatus.RUNNING}')
    AND j.lease_until < now()
+   AND NOT (j.status = '{JobStatus.QUEUED}' AND j.client_id IN (SELECT client_id FROM full_clients))
    AND NOT EXISTS (
        SELECT 1 FROM jobs_step s
         WHERE s.job_id = j.id AND s.run = j.run
@@ -146,9 +157,26 @@ SELECT j.id, j.run, j.kind FROM jobs_job j
 
 
 def stuck_jobs(*, handoff: timedelta, limit: int = 500) -> list[tuple]:
-    """Jobs that should be moving but show no sign of a live chain: [(id, run, kind)]."""
+    """Jobs that should be moving but show no sign of a live chain: [(id, run, kind, queued)]."""
     with connection.cursor() as cursor:
-        cursor.execute(_STUCK_SQL, {"handoff": handoff, "limit": limit})
+        cursor.execute(_STUCK_SQL, {"handoff": handoff, "limit": limit, "default_running": settings.CLIENT_MAX_RUNNING})
+        return cursor.fetchall()
+
+
+# Queued jobs whose deadline (executor.policy.job_deadline, in SQL: the earlier of the two) has passed.
+_QUEUED_PAST_DEADLINE_SQL = f"""
+SELECT id, run, deadline FROM (
+    SELECT id, run, least(created_at + make_interval(secs => (policy->>'deadline_s')::float8),
+                          (policy->>'deadline_at')::timestamptz) AS deadline
+      FROM jobs_job WHERE status = '{JobStatus.QUEUED}' AND (policy ? 'deadline_s' OR policy ? 'deadline_at')
+) q WHERE deadline < now() LIMIT %s
+"""
+
+
+def queued_past_deadline(*, limit: int) -> list[tuple]:
+    """[(id, run, deadline)] of queued jobs whose first paid call can no longer go out in time."""
+    with connection.cursor() as cursor:
+        cursor.execute(_QUEUED_PAST_DEADLINE_SQL, [limit])
         return cursor.fetchall()
 
 
@@ -202,3 +230,48 @@ def job_snapshot(*, client_id, job_id) -> tuple[int, dict] | None:
     if total:
         snapshot["chapters"] = {"done": done, "total": total}
     return version, snapshot
+
+
+# --- why a job waits (GET /v1/jobs/{id}, the admin's job page) ----------------------------------------------
+
+_WAITING_SQL = f"""
+SELECT coalesce(c.max_running, %(default_running)s),
+       (SELECT count(*) FROM jobs_job h WHERE h.client_id = j.client_id AND h.holds_slot),
+       EXISTS (SELECT 1 FROM executor_attempt a WHERE a.job_id = j.id AND a.run = j.run
+                AND a.state IN ('{IN_FLIGHT[0]}', '{IN_FLIGHT[1]}'))
+  FROM jobs_job j JOIN jobs_client c ON c.id = j.client_id
+ WHERE j.id = %(job)s
+"""
+
+
+def job_waiting(job: Job) -> dict | None:
+    """Why a job that has not sent its call yet waits, or None (it does not wait on payonce):
+    - `client_limit`: queued, its client has `limit` jobs in progress (jobs.dispatch starts it when one ends
+      or waits on its provider);
+    - `turn`: queued, in the rotation across clients (jobs.dispatch: by priority, then turns);
+    - `provider_limit`: started, its call held back unsent because a provider or model has its calls in
+      flight (executor.in_flight), `limit` naming which."""
+    if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_WAITING_SQL, {"default_running": settings.CLIENT_MAX_RUNNING, "job": job.id})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    limit, running, in_flight_now = row
+    if job.status == JobStatus.QUEUED:
+        if limit and running >= limit:
+            return {"reason": "client_limit", "running": running, "limit": limit,
+                    "message": f"Your client has {running} jobs in progress, its limit of {limit}: this one starts "
+                               "when one of them ends or waits on its provider."}
+        return {"reason": "turn", "message": "Queued: started in its turn across clients, by priority."}
+    if in_flight_now:
+        return None
+    for name in job.model_chain:
+        provider, _, model = name.partition("/")
+        full = full_limit(provider, model)
+        if full is not None:
+            return {"reason": "provider_limit", "limit": full[0], "in_flight": full[1],
+                    "message": f"{full[0]} has {full[1]} calls in flight, its limit: this job's call waits unsent "
+                               "(nothing is paid while it waits)."}
+    return None

@@ -19,12 +19,12 @@ from config.logs import log_event
 from executor.callbacks import Wake
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql, uncertain_upstream_keys
-from jobs import selectors
+from jobs import dispatch, selectors
 from jobs.api.errors import IdempotencyConflict, OutputKeyConflict
 from jobs.api.serializers import job_as_dict
 from jobs.engine import chain
 from jobs.engine.outcomes import JobErrorCode
-from jobs.models import OPEN_STATUSES, Job, JobStatus, StepStatus
+from jobs.models import OPEN_STATUSES, PRIORITY_DEFAULT, Job, JobStatus, StepStatus
 from webhooks import services as webhooks
 from webhooks.models import WebhookEvent
 
@@ -136,6 +136,7 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
         output_key=data.get("output_key") or _default_output_key(job_id, data["models"]),
         webhook_url=data.get("webhook_url") or "",
         metadata=data["metadata"],
+        priority=data.get("priority", PRIORITY_DEFAULT),
         created_at=now,
         updated_at=now,
         lease_until=now + timedelta(seconds=settings.ENQUEUE_LEASE_S),
@@ -189,7 +190,7 @@ def job_enqueue_on_commit(job: Job) -> None:
     """Start the job's run once the row is committed. A broker that is down loses nothing: the job stays
     queued in Postgres and the sweeper starts it when its enqueue lease runs out."""
     job_id, run, kind = job.id, job.run, job.kind
-    transaction.on_commit(lambda: _enqueue_safely(chain.start_run, job_id, run, kind))
+    transaction.on_commit(lambda: _enqueue_safely(chain.start_created, job_id, run, kind))
 
 
 def job_mark_running(*, job_id: uuid.UUID) -> bool:
@@ -223,28 +224,39 @@ def _emit(job: Job, event: WebhookEvent) -> None:
     webhooks.delivery_create(job=job, event=event, data=job_as_dict(job))
 
 
+# The job lets go of its slot as it ends (jobs.dispatch); `ring` says it held one while its client was passed
+# over at its running limit, so its client's next job is rung for (read from the row as it was before this
+# statement: every part of a statement sees the same snapshot).
 _FINISH_SQL = f"""
-UPDATE jobs_job SET status = %s, output = %s, error = %s, completed_at = now(), updated_at = now()
- WHERE id = %s AND status IN ({", ".join(f"'{status}'" for status in OPEN_STATUSES)})
+WITH before AS (SELECT holds_slot FROM jobs_job WHERE id = %s)
+UPDATE jobs_job SET status = %s, output = %s, error = %s, completed_at = now(), updated_at = now(), holds_slot = false
+ WHERE id = %s AND status = ANY(%s)
 RETURNING *, {attempts_json_sql("jobs_job.id")} AS attempt_rows,
-          (SELECT e.url FROM webhooks_endpoint e WHERE e.client_id = jobs_job.client_id) AS endpoint_url
+          (SELECT e.url FROM webhooks_endpoint e WHERE e.client_id = jobs_job.client_id) AS endpoint_url,
+          coalesce((SELECT holds_slot FROM before)
+                   AND (SELECT t.blocked FROM jobs_clientturn t WHERE t.client_id = jobs_job.client_id), false) AS ring
 """
 
 
-def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, error: dict | None = None) -> bool:
+def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, error: dict | None = None,
+               only_from=OPEN_STATUSES) -> bool:
     """End a job. The only function that does: first terminal state wins (docs/design.md, "A job's life").
 
     One conditional UPDATE on the open states. The winner writes the terminal event's outbox row in
     the same transaction; a writer that gets zero rows back lost the race (a success, a failure and a
     cancel can all try at once) and writes nothing. The UPDATE returns the row the event describes.
+    `only_from`: the open states it may end the job from (the sweeper ends only a job still queued).
     """
     if status not in _EVENT_FOR:  # only a terminal status ends a job (and has its event)
         raise ValueError(status)
     prep = Job._meta.get_field("output").get_db_prep_save
     with transaction.atomic(savepoint=False):
-        ended = list(Job.objects.raw(_FINISH_SQL, [status, prep(output, connection), prep(error, connection), job_id]))
+        ended = list(Job.objects.raw(_FINISH_SQL, [job_id, status, prep(output, connection), prep(error, connection), job_id,
+                                                   [str(state) for state in only_from]]))
         if not ended:
             return False  # another writer ended the job first
+        if ended[0].ring:
+            ring_for_client(ended[0].client_id)
         _emit(ended[0], _EVENT_FOR[status])
         log_event(logger, "job.cancelled" if status == JobStatus.CANCELLED else "job.finished", job_id=job_id,
                   run=ended[0].run, status=status, error_code=(error or {}).get("code"))
@@ -273,10 +285,13 @@ def job_hold(*, job_id: uuid.UUID, run: int, error: dict) -> bool:
     now = timezone.now()
     with transaction.atomic(savepoint=False):
         held = Job.objects.filter(id=job_id, run=run, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).update(
-            status=JobStatus.WAITING, error=error, updated_at=now
+            status=JobStatus.WAITING, error=error, updated_at=now, holds_slot=False
         )
         if not held:
             return False  # cancelled, or ended by another writer
+        # A job waiting for a person holds no slot: its client's next job is rung for, should it have been
+        # passed over at its running limit (the doorbell finds out).
+        ring_for_client(Job.objects.filter(id=job_id).values_list("client_id", flat=True).first())
         _emit(Job.objects.get(id=job_id), WebhookEvent.NEEDS_REVIEW)
         log_event(logger, "job.held", job_id=job_id, run=run, error_code=error.get("code"))
     return True
@@ -291,7 +306,7 @@ def job_retry(*, job: Job) -> Job | None:
     now = timezone.now()
     with transaction.atomic():
         won = Job.objects.filter(id=job.id, status__in=[JobStatus.FAILED, JobStatus.WAITING]).update(
-            status=JobStatus.QUEUED, run=F("run") + 1, output=None, error=None, started_at=None,
+            status=JobStatus.QUEUED, run=F("run") + 1, output=None, error=None, started_at=None, holds_slot=False,
             completed_at=None, updated_at=now, lease_until=now + timedelta(seconds=settings.ENQUEUE_LEASE_S),
         )
         if not won:
@@ -339,6 +354,19 @@ def job_wake(*, job_id, run: int, step: str, claim) -> Wake:
     chain.start_run(job_id, run, job.kind, recipe.waiting_stage(),
                     root_id=(wait.lease_owner if wait is not None else "") or None, rung=True)
     return Wake.RUNG
+
+
+def job_release_slot(*, job_id) -> None:
+    """The job waits on its provider now: it stops counting against its client's running limit, and its
+    client's next job is rung for when the client was passed over at that limit (jobs.dispatch)."""
+    if dispatch.job_release_slot(job_id=job_id):
+        ring_for_client(Job.objects.filter(id=job_id).values_list("client_id", flat=True).first())
+
+
+def ring_for_client(client_id) -> None:
+    """On commit, a doorbell for a client's next queued job (jobs.dispatch says when one is owed)."""
+    if client_id is not None:
+        transaction.on_commit(lambda: _enqueue_safely(chain.ring, client_id))
 
 
 def _enqueue_safely(enqueue, *args) -> None:

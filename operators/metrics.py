@@ -63,6 +63,22 @@ SELECT coalesce(extract(epoch FROM now() - (SELECT min(coalesce(started_at, crea
 """
 
 
+# Fair dispatch (jobs.dispatch): per client with any, its queued jobs and its jobs in progress (holding a
+# slot of its running limit), from the partial indexes job_queued and job_holding_slot; and how long the
+# oldest queued job has waited to start. A backlog that only grows, or one client's queue that does not
+# move while others' do, shows here.
+_QUEUES_SQL = f"""
+SELECT c.id, c.name, q.queued, q.in_progress FROM (
+    SELECT client_id, count(*) FILTER (WHERE status = '{JobStatus.QUEUED}') AS queued,
+           count(*) FILTER (WHERE holds_slot) AS in_progress
+      FROM jobs_job WHERE status = '{JobStatus.QUEUED}' OR holds_slot GROUP BY client_id
+) q JOIN jobs_client c ON c.id = q.client_id
+"""
+_OLDEST_QUEUED_SQL = f"""
+SELECT coalesce(extract(epoch FROM now() - (SELECT min(created_at) FROM jobs_job WHERE status = '{JobStatus.QUEUED}')), 0)
+"""
+
+
 # The price drifts that hold (billing.models.PriceDrift): a row per model of the catalog, so few; the
 # rarest beyond MAX_MODELS are left out rather than labelled.
 _DRIFTS_SQL = f"""
@@ -101,6 +117,10 @@ class PayonceCollector(Collector):
             takeovers = cursor.fetchone()[0]
             cursor.execute(_OLDEST_SQL)
             oldest_running, oldest_uncertain = cursor.fetchone()
+            cursor.execute(_QUEUES_SQL)
+            queues = cursor.fetchall()
+            cursor.execute(_OLDEST_QUEUED_SQL)
+            oldest_queued = cursor.fetchone()[0]
             cursor.execute(_DRIFTS_SQL, [settings.PRICE_DRIFT_HOLD_S])
             drifts = cursor.fetchall()
             # The clients with a budget row this month (those that reserved anything in it), with
@@ -150,6 +170,20 @@ class PayonceCollector(Collector):
         yield GaugeMetricFamily("payonce_oldest_uncertain_attempt_age_seconds",
                                 "How long the oldest uncertain attempt has waited for a person's decision (its job "
                                 "held waiting; 0: none waits).", value=float(oldest_uncertain))
+
+        queued = GaugeMetricFamily("payonce_jobs_queued", "Queued jobs of a client (not started yet: its turn, or its "
+                                   "running limit).", labels=["client", "client_id"])
+        in_progress = GaugeMetricFamily("payonce_jobs_in_progress", "Jobs of a client in progress, each holding a slot "
+                                        "of its running limit (a render waiting on its provider holds none).",
+                                        labels=["client", "client_id"])
+        for client_id, name, queued_n, in_progress_n in queues:
+            queued.add_metric([name, str(client_id)], queued_n)
+            in_progress.add_metric([name, str(client_id)], in_progress_n)
+        yield queued
+        yield in_progress
+        yield GaugeMetricFamily("payonce_oldest_queued_job_age_seconds",
+                                "How long the oldest queued job has waited to start (0: none waits).",
+                                value=float(oldest_queued))
 
         reserved = GaugeMetricFamily("payonce_price_drift_reserved_usd", "A model whose attempts settle above their "
                                      "reservation (a price drift that holds): what was reserved for the first one.",

@@ -28,10 +28,12 @@ class BearerAPIKeyScheme(OpenApiAuthenticationExtension):
 
 
 def report_fields_are_optional(result, generator, request, public):
-    """drf-spectacular postprocessing hook: a job's `chapters` is there for reports only."""
-    job = result.get("components", {}).get("schemas", {}).get("Job")
-    if job and "chapters" in job.get("required", []):
-        job["required"].remove("chapters")
+    """drf-spectacular postprocessing hook: a job's `chapters` is there for reports only (in the list's jobs
+    and in GET /v1/jobs/{id}'s alike)."""
+    for name in ("Job", "JobDetail"):
+        job = result.get("components", {}).get("schemas", {}).get(name)
+        if job and "chapters" in job.get("required", []):
+            job["required"].remove("chapters")
     return result
 
 

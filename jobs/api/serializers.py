@@ -3,6 +3,7 @@
 import json
 import math
 import sys
+from datetime import datetime, timezone as dt_timezone
 
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
@@ -11,7 +12,8 @@ from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FAL
 from executor.registry import PAYONCE_INPUT_KEYS, code_spec, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
 from executor.store import KEY_MAX_CHARS, key_problem
-from jobs.models import JobStatus, job_kinds
+from jobs import selectors
+from jobs.models import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, JobStatus, job_kinds
 from webhooks import services as webhooks
 
 MAX_MODELS = 5
@@ -108,6 +110,11 @@ class PolicySerializer(StrictSerializer):
     # Seconds after the create by which the job's first paid call must go out, else it ends DEADLINE_EXCEEDED
     # unpaid (executor.record); a paid job is never cut short by it. Absent: none.
     deadline_s = serializers.FloatField(required=False, min_value=1, max_value=30 * 86400)
+    # The same as a moment (ISO 8601 with its offset), kept as UTC text: the earlier of the two holds.
+    deadline_at = serializers.DateTimeField(required=False, default_timezone=dt_timezone.utc)
+
+    def validate_deadline_at(self, value):  # a time without its offset is UTC
+        return value.astimezone(dt_timezone.utc).isoformat().replace("+00:00", "Z")
 
     def validate_fallback_on(self, value):
         return sorted(set(value), key=FALLBACK_REASONS.index)
@@ -150,6 +157,11 @@ class JobCreateSerializer(StrictSerializer):
     output_key = StrictCharField(required=False, max_length=KEY_MAX_CHARS)
     webhook_url = serializers.URLField(required=False, max_length=2048)
     metadata = serializers.DictField(required=False, validators=[bounded_json])
+    # Absent rather than defaulted (the row's default is PRIORITY_DEFAULT), so a body without it hashes as
+    # it did before the field existed (jobs.services.HASH_NULL_WHEN_ABSENT says why that matters).
+    priority = StrictIntegerField(required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, help_text=(
+        f"{PRIORITY_MIN} to {PRIORITY_MAX}, default {PRIORITY_DEFAULT}: a higher priority starts sooner; within a "
+        "priority, ready jobs are started in turn across clients (weighted round robin)."))
 
     def __init__(self, *args, client=None, replay: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -212,6 +224,9 @@ class JobCreateSerializer(StrictSerializer):
         # What is validated is what is stored: each kind's cleaned input goes into the row. The body's
         # hash (the Idempotency-Key's) stays over the input as sent (jobs.services.job_create says why).
         errors.update(kind.accept_input(attrs, client=self.client))
+        deadline_at = (attrs.get("policy") or {}).get("deadline_at")
+        if deadline_at is not None and datetime.fromisoformat(deadline_at) <= datetime.now(dt_timezone.utc):
+            errors["policy"] = {"deadline_at": ["This moment has passed: the job could only end DEADLINE_EXCEEDED."]}
         if errors:
             raise serializers.ValidationError(errors)
         attrs.setdefault("policy", default_policy())
@@ -262,6 +277,7 @@ def job_as_dict(job) -> dict:
         "output_key": job.output_key,
         "webhook_url": job.webhook_url or None,
         "metadata": job.metadata,
+        "priority": job.priority,
         "output": job.output,
         "error": job.error,
         "attempts": attempts,
@@ -290,6 +306,7 @@ class JobSerializer(serializers.Serializer):
     output_key = serializers.CharField()
     webhook_url = serializers.CharField(allow_null=True)
     metadata = serializers.JSONField()
+    priority = serializers.IntegerField(help_text="Higher starts sooner (1 to 5); within a level, clients take turns.")
     output = serializers.JSONField(allow_null=True)
     error = serializers.JSONField(allow_null=True)
     attempts = serializers.SerializerMethodField()
@@ -318,4 +335,28 @@ class JobSerializer(serializers.Serializer):
         "attempts": AttemptSerializer(many=True), "cost_usd": serializers.DecimalField(max_digits=12, decimal_places=6),
     }, many=True))
     def get_chapters(self, job):  # the schema only: job_as_dict renders
+        raise NotImplementedError
+
+
+class JobDetailSerializer(JobSerializer):
+    """GET /v1/jobs/{id}: the job, and why it waits if it has not sent its call yet (jobs.selectors.job_waiting).
+    Only here: the list and the webhooks' events do not ask it of every job."""
+
+    waiting = serializers.SerializerMethodField(help_text=(
+        "null, or why the job waits on payonce: client_limit (queued: your jobs in progress are at your "
+        "limit), turn (queued: started in its turn across clients, by priority), provider_limit (started: "
+        "its call waits unsent while a provider's calls in flight are at their limit)."))
+
+    def to_representation(self, instance):
+        return {**job_as_dict(instance), "waiting": selectors.job_waiting(instance)}
+
+    @extend_schema_field(inline_serializer("JobWaiting", {
+        "reason": serializers.ChoiceField(choices=["client_limit", "turn", "provider_limit"]),
+        "message": serializers.CharField(),
+        "limit": serializers.JSONField(required=False, help_text="client_limit: the number; provider_limit: "
+                                       "its name (a provider, or provider/model)"),
+        "running": serializers.IntegerField(required=False),
+        "in_flight": serializers.IntegerField(required=False),
+    }, allow_null=True))
+    def get_waiting(self, job):  # the schema only: to_representation renders
         raise NotImplementedError

@@ -38,7 +38,7 @@ from jobs.api.errors import (
 from jobs.api.pagination import MAX_LIMIT, MAX_METADATA_FILTERS, job_page, list_filters
 from jobs.api.parsers import IDEMPOTENCY_KEY_PATTERN, idempotency_key_from, read_json_body
 from jobs.api.schema import ERROR_SCHEMA
-from jobs.api.serializers import JobCreateSerializer, JobSerializer
+from jobs.api.serializers import JobCreateSerializer, JobDetailSerializer, JobSerializer
 from jobs.kinds import KINDS
 from jobs.kinds.report import reports
 from jobs.markdown import to_html
@@ -124,9 +124,9 @@ class JobListCreateView(APIView):
 
 
 class JobDetailView(APIView):
-    @extend_schema(operation_id="jobs_retrieve", responses={200: JobSerializer, 401: ERROR_SCHEMA, 404: ERROR_SCHEMA})
+    @extend_schema(operation_id="jobs_retrieve", responses={200: JobDetailSerializer, 401: ERROR_SCHEMA, 404: ERROR_SCHEMA})
     def get(self, request, job_id):
-        return Response(JobSerializer(_own_job(request, job_id)).data)
+        return Response(JobDetailSerializer(_own_job(request, job_id)).data)
 
 
 def _own_job(request, job_id) -> Job:

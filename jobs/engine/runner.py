@@ -120,6 +120,11 @@ def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = N
         outcome = _run_one_stage(ctx, recipe, recipe.stages[index])
         if isinstance(outcome, Continue):
             continue
+        if isinstance(outcome, Later) and recipe.stages[index].waits and ctx.job.holds_slot:
+            # Waiting on its provider now: no longer work in progress, so no slot of its client's
+            # running limit is held (jobs.dispatch).
+            services.job_release_slot(job_id=ctx.job.id)
+            ctx.job.holds_slot = False
         if isinstance(outcome, Later) and index > first and _hand_over(outcome, index - first):
             # A later stage has to wait: hand it over. The chain's next link is that stage, sent with
             # a countdown; a stage further on is resumed with a chain of its own.

@@ -15,16 +15,20 @@ from django.utils import timezone
 
 from config.logs import log_event
 from config.metrics import count
-from jobs import selectors
+from executor.record import deadline_message
+from executor.selectors import attempts_maybe_paid
+from jobs import selectors, services
+from jobs.engine.outcomes import JobErrorCode
 from jobs.engine.runner import resume_point
 from jobs.models import Job, JobStatus
 
 logger = logging.getLogger(__name__)
 
 def sweep(limit: int = 500) -> list[tuple]:
-    """Claim stuck jobs and say where each resumes: [(job_id, run, kind, stage_index)]."""
+    """Claim stuck jobs and say where each resumes: [(job_id, run, kind, stage_index, queued)]. A queued
+    job's doorbell was lost: it is rung again, and starts in its turn (jobs.dispatch)."""
     resumed = []
-    for job_id, run, kind in selectors.stuck_jobs(handoff=timedelta(seconds=settings.ENQUEUE_LEASE_S), limit=limit):
+    for job_id, run, kind, queued in selectors.stuck_jobs(handoff=timedelta(seconds=settings.ENQUEUE_LEASE_S), limit=limit):
         # The claim: two sweepers may both have read this job as stuck; the UPDATE re-checks the lease on
         # the committed row, so only the first pushes it out and resumes the job.
         claimed = Job.objects.filter(
@@ -47,5 +51,21 @@ def sweep(limit: int = 500) -> list[tuple]:
         logger.info("sweeper: resuming job %s run %s at stage %s", job_id, run, stage_index)
         log_event(logger, "sweeper.recovered", job_id=job_id, run=run, kind=kind, stage_index=stage_index)
         count("sweeper_recoveries", what="stuck_job")
-        resumed.append((str(job_id), run, kind, stage_index))
+        resumed.append((str(job_id), run, kind, stage_index, queued))
     return resumed
+
+
+def end_queued_past_deadline(limit: int = 500) -> int:
+    """Queued jobs whose deadline passed before they started (their client's backlog, its running limit, a
+    provider's limit upstream of them) end DEADLINE_EXCEEDED now, rather than when their turn comes: nothing
+    of theirs was sent or paid. Only a job still queued (job_finish's `only_from`: a start that won the race
+    goes on, and the deadline is read again where its call would be paid, executor.record), and none with an
+    attempt of an earlier run that may have been paid (a deadline never cuts a paid job short)."""
+    ended = 0
+    for job_id, run, deadline in selectors.queued_past_deadline(limit=limit):
+        if run > 1 and attempts_maybe_paid(job_id):
+            continue
+        error = {"code": JobErrorCode.DEADLINE_EXCEEDED, "message": deadline_message(deadline)}
+        if services.job_finish(job_id=job_id, status=JobStatus.FAILED, error=error, only_from=[JobStatus.QUEUED]):
+            ended += 1
+    return ended

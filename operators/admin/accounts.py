@@ -9,7 +9,8 @@ from accounts.models import Client, ClientAPIKey
 
 @admin.register(Client)
 class ClientAdmin(admin.ModelAdmin):
-    list_display = ("name", "id", "monthly_cap_usd", "creates_per_s", "create_burst", "created_at")
+    list_display = ("name", "id", "monthly_cap_usd", "creates_per_s", "create_burst", "max_running", "weight",
+                    "created_at")
     search_fields = ("name", "id")
 
 

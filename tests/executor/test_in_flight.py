@@ -16,18 +16,9 @@ from jobs.models import Job
 from jobs.services import client_create
 from tests.conftest import WEB_STACK_ENV, media_body, purge_queue
 from tests.support.books import assert_books_balance
+from tests.support.overlap import most_at_once
 from tests.support.http_api import HttpApi
 from tests.support.procs import ProcfileProcess, procfile_command, stop_all
-
-
-def most_at_once(intervals) -> int:
-    """The most intervals (start, end) open at one moment."""
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    most = now = 0
-    for _, step in events:  # an end sorts before a start at the same moment (-1 < 1): touching is not overlap
-        now += step
-        most = max(most, now)
-    return most
 
 
 @pytest.mark.django_db

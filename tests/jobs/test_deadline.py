@@ -5,9 +5,13 @@ runs in this process as a worker runs it (tests/support/engine.py), the sandbox'
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from accounts.models import Client
 from billing.models import Reservation
 from executor.models import Attempt
+from jobs import dispatch
+from jobs.engine import sweeper
 from jobs.models import Job
 from tests.conftest import media_body
 from tests.support.books import assert_books_balance
@@ -45,3 +49,31 @@ def test_a_deadline_is_a_number_of_seconds_within_bounds(api):
     for bad in ("soon", True, 0, 30 * 86400 + 1):
         answer = api.create(media_body(policy={"deadline_s": bad}), key=f"bad-{bad}")
         assert answer.status_code == 422 and "deadline_s" in answer.json()["error"]["fields"]["policy"], answer.content
+
+
+def test_an_absolute_deadline_ends_a_job_still_queued_when_it_passes_with_nothing_paid(api, ledger, settings):
+    # A client at its running limit: its second job waits queued, and its deadline passes meanwhile. The
+    # sweeper ends it then, not when its turn would come.
+    Client.objects.filter(id=api.client_id).update(max_running=1)
+    soon = (timezone.now() + timedelta(seconds=30)).isoformat()
+    first = api.create(media_body(), key="first").json()
+    late = api.create(media_body(policy={"deadline_at": soon}), key="late").json()
+    assert late["policy"]["deadline_at"].endswith("Z")
+    assert dispatch.job_start(own=first["id"]).job_id == first["id"]
+    assert sweeper.end_queued_past_deadline() == 0  # not yet
+    Job.objects.filter(id=late["id"]).update(policy={**late["policy"], "deadline_at": "2000-01-01T00:00:00Z"})
+    assert sweeper.end_queued_past_deadline() == 1
+    ended = api.job(late["id"])
+    assert ended["status"] == "failed" and ended["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert api.job(first["id"])["status"] == "running"  # a started job is not the sweeper's to end
+    Job.objects.filter(id=first["id"]).update(policy={"deadline_s": 1}, created_at=timezone.now() - timedelta(days=1))
+    assert sweeper.end_queued_past_deadline() == 0
+    assert not Attempt.objects.filter(job_id=late["id"]).exists() and assert_books_balance(ledger) == []
+
+
+def test_a_deadline_that_has_passed_at_create_is_refused(api):
+    past = (timezone.now() - timedelta(seconds=1)).isoformat()
+    answer = api.create(media_body(policy={"deadline_at": past}), key="past")
+    assert answer.status_code == 422 and "deadline_at" in answer.json()["error"]["fields"]["policy"], answer.content
+    answer = api.create(media_body(policy={"deadline_at": "tomorrow"}), key="word")
+    assert answer.status_code == 422 and "deadline_at" in answer.json()["error"]["fields"]["policy"], answer.content

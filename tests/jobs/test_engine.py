@@ -228,7 +228,9 @@ def test_sweeper_run_twice_at_once_resumes_each_stuck_job_once(api):
     resumed_ids = [job_id for job_id, *_ in resumed]
     assert len(resumed_ids) == len(set(resumed_ids))  # nothing resumed twice
     assert set(resumed_ids) == {str(j.id) for j in [*stuck_queued, stuck_running]}
-    assert all(stage == 0 for *_, stage in resumed)  # both resume at the prepare stage
+    assert all(stage == 0 for _, _, _, stage, _ in resumed)  # both resume at the prepare stage
+    # A queued job is rung for again (it starts in its turn: jobs.dispatch); a running one resumes as named.
+    assert {job_id for job_id, *_, queued in resumed if queued} == {str(j.id) for j in stuck_queued}
     assert sweeper.sweep() == []  # their leases were pushed out: a third sweep finds nothing
     for job in [*stuck_queued, stuck_running]:
         job.refresh_from_db()
@@ -243,7 +245,7 @@ def test_sweeper_resumes_at_the_first_unfinished_stage(api):
         Step.objects.create(job=job, run=1, name=name, status=StepStatus.DONE, finished_at=past)
     Step.objects.create(job=job, run=1, name="wait", status=StepStatus.RUNNING, lease_owner="lost-poll",
                         lease_until=past)
-    assert sweeper.sweep() == [(str(job.id), 1, "media", 1)]
+    assert sweeper.sweep() == [(str(job.id), 1, "media", 1, False)]
 
 
 # --- fan-out: parallel sub-steps, resumed with only the missing ones ---------------------------------------

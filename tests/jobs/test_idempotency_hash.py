@@ -21,8 +21,9 @@ pytestmark = pytest.mark.django_db
 
 # A body that gives every field of POST /v1/jobs (the policy every field of its own).
 JOB_BODY = media_body(policy={"attempts_per_model": 3, "fallback_on": ["exhausted"], "window_s": 600,
-                              "paid_retries": 1, "deadline_s": 3600},
-                      output_key="outputs/hash/one.mp4", webhook_url="http://127.0.0.1:9/hooks", metadata={"n": 1})
+                              "paid_retries": 1, "deadline_s": 3600, "deadline_at": "2099-01-01T00:00:00Z"},
+                      output_key="outputs/hash/one.mp4", webhook_url="http://127.0.0.1:9/hooks", metadata={"n": 1},
+                      priority=4)
 # Each field's other value: the body with only that field changed. A field of the serializer missing
 # here fails test_every_field_has_another_value: add its other value.
 JOB_CHANGED = {
@@ -33,9 +34,10 @@ JOB_CHANGED = {
     "output_key": "outputs/hash/two.mp4",
     "webhook_url": "http://127.0.0.1:9/other-hooks",
     "metadata": {"n": 2},
+    "priority": 2,
 }
 POLICY_CHANGED = {"attempts_per_model": 2, "fallback_on": ["unavailable"], "window_s": 60, "paid_retries": 0,
-                  "deadline_s": 60}
+                  "deadline_s": 60, "deadline_at": "2098-01-01T00:00:00Z"}
 
 ORDER_BODY = {"payment_id": "pi_hash", "run_id": "run-1", "product": "natal-chart",
               "input": {"subject": {"name": "Ada Example", "born": "1990-04-12T06:30", "place": "Lyon"},
@@ -125,7 +127,8 @@ def _hand_written_job_hash(data: dict) -> str:
 
 
 @pytest.mark.parametrize("body", [
-    JOB_BODY,
+    # Every field a body could have before `priority` existed (a field added since is hashed only when sent).
+    {name: value for name, value in JOB_BODY.items() if name != "priority"},
     media_body(),  # no policy, output key, webhook URL or metadata: the defaults and the nulls
     media_body(input={"prompt": "  spaces around, cleaned  ", "render_s": 2.0}),  # cleaned: hashed as sent
     {"kind": "report", "models": ["sandbox/llm"],

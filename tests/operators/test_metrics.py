@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from django.conf import settings
 from django.db.models import Count, F, Sum
 from django.test import Client as DjangoClient
@@ -406,3 +407,34 @@ def test_the_grafana_dashboard_reads_only_exported_metrics_and_shows_each(settin
         used |= names
     assert used == exported  # a panel for every metric /metrics exports
     assert metric_names_in('sum by (client) (rate(x_total{a="b"}[5m])) / on(client) y') == {"x_total", "y"}
+
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus-alerts.yml"
+
+
+def test_the_alert_rules_read_only_exported_metrics(settings):
+    text = DjangoClient().get("/metrics", REMOTE_ADDR="127.0.0.1",
+                              headers={"Authorization": f"Bearer {settings.METRICS_TOKEN}"}).content.decode()
+    exported = exported_names(text)
+    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    assert {rule["alert"] for rule in rules} >= {"PayonceJobRunningPastItsBound", "PayonceQueueNotMoving"}
+    for rule in rules:
+        names = metric_names_in(rule["expr"])
+        assert names and names <= exported, (rule["alert"], names - exported)
+
+
+def test_queues_per_client_and_the_oldest_queued_jobs_age(settings):
+    busy, idle = Client.objects.create(name="busy"), Client.objects.create(name="idle")
+    base = {"kind": "media", "model_chain": ["sandbox/video-keyed"], "input": {}, "policy": {}, "request_hash": "0"}
+    for n in range(3):
+        Job.objects.create(client=busy, idempotency_key=f"q{n}", output_key=f"q{n}", **base,
+                           created_at=timezone.now() - timedelta(seconds=90 * n))
+    Job.objects.create(client=busy, idempotency_key="r", output_key="r", status=JobStatus.RUNNING, holds_slot=True,
+                       **base)
+    Job.objects.create(client=idle, idempotency_key="w", output_key="w", status=JobStatus.RUNNING, **base)  # waits
+    samples = parse(DjangoClient().get("/metrics", REMOTE_ADDR="127.0.0.1",
+                                       headers={"Authorization": f"Bearer {settings.METRICS_TOKEN}"}).content.decode())
+    labels = {"client": "busy", "client_id": str(busy.id)}
+    assert (of(samples, "payonce_jobs_queued", **labels), of(samples, "payonce_jobs_in_progress", **labels)) == (3, 1)
+    assert not [labels for labels in series(samples, "payonce_jobs_queued") if ("client", "idle") in labels]
+    assert 180 <= of(samples, "payonce_oldest_queued_job_age_seconds") < 240

@@ -107,9 +107,10 @@ class AsyncJobs:
     async def create(self, *, kind: str, models: Sequence[str], input: Mapping[str, Any],
                      policy: Optional[Mapping[str, Any]] = None, output_key: Optional[str] = None,
                      webhook_url: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None,
-                     idempotency_key: Optional[str] = None) -> Job:
-        """Create a job under one ``Idempotency-Key`` for every try of this call (see ``Jobs.create``)."""
-        body = common.create_body(kind, models, input, policy, output_key, webhook_url, metadata)
+                     idempotency_key: Optional[str] = None, priority: Optional[int] = None) -> Job:
+        """Create a job under one ``Idempotency-Key`` for every try of this call; ``priority`` 1 to 5, left
+        out when None (payonce's default, 3). See ``Jobs.create``."""
+        body = common.create_body(kind, models, input, policy, output_key, webhook_url, metadata, priority)
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         response = await self._http.send("POST", common.JOBS, json_body=body, headers={"Idempotency-Key": key})
         return Job.from_dict(response.json(), replayed=response.status_code == 202)

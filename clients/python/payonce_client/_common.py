@@ -46,12 +46,14 @@ def order_path(order_id: Any) -> str:
 
 def create_body(kind: str, models: Sequence[str], input: Mapping[str, Any], policy: Optional[Mapping[str, Any]],
                 output_key: Optional[str], webhook_url: Optional[str],
-                metadata: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+                metadata: Optional[Mapping[str, Any]], priority: Optional[int] = None) -> Dict[str, Any]:
     """The job as ``POST /v1/jobs`` takes it: optional fields left out rather than sent as null, so the
-    body is the one the caller would have written by hand."""
+    body is the one the caller would have written by hand. This matters: payonce hashes the body under
+    the ``Idempotency-Key``, and a create without ``priority`` must send the body it sent before
+    ``priority`` existed."""
     body: Dict[str, Any] = {"kind": kind, "models": list(models), "input": dict(input)}
     for name, value in (("policy", policy), ("output_key", output_key), ("webhook_url", webhook_url),
-                        ("metadata", metadata)):
+                        ("metadata", metadata), ("priority", priority)):
         if value is not None:
             body[name] = dict(value) if isinstance(value, Mapping) else value
     return body

@@ -135,7 +135,12 @@ class Chapter:
 @dataclass
 class Job:
     """A job as payonce shows it. ``replayed`` is True when this answer was payonce recognising a key it
-    had already seen (``202`` to a create): the same job, no new work and no new charge."""
+    had already seen (``202`` to a create): the same job, no new work and no new charge.
+
+    ``priority`` is 1 to 5 (higher starts sooner). ``waiting`` is only in ``jobs.get``'s answer (None in a
+    list's or a create's): None, or why a job that has not sent its paid call yet waits,
+    ``{"reason": "client_limit" | "turn" | "provider_limit", "message": ..., "limit"?, "running"?,
+    "in_flight"?}``."""
 
     id: str
     kind: str
@@ -156,6 +161,8 @@ class Job:
     started_at: Optional[datetime]
     completed_at: Optional[datetime]
     chapters: Optional[List[Chapter]] = None
+    priority: int = 3
+    waiting: Optional[Dict[str, Any]] = None
     replayed: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -177,6 +184,7 @@ class Job:
             cost=Cost.from_dict(data.get("cost")), created_at=timestamp(data.get("created_at")),
             started_at=timestamp(data.get("started_at")), completed_at=timestamp(data.get("completed_at")),
             chapters=[Chapter.from_dict(c) for c in chapters] if chapters is not None else None,
+            priority=int(data.get("priority", 3)), waiting=data.get("waiting"),
             replayed=replayed, raw=dict(data),
         )
 

@@ -10,6 +10,7 @@ import { type Answer, type Call, INSPECT, Transport, answerError, backoffMs, sle
 import { EventStreamParser } from "./sse.js";
 import type {
   Job,
+  JobDetail,
   JobCreateParams,
   JobEvent,
   JobStatus,
@@ -135,7 +136,7 @@ export class Jobs {
    * POST /v1/jobs. Without `idempotencyKey` one is made for this call (`crypto.randomUUID()`); every try
    * of the call sends the same key and the same bytes, so a retry after a lost answer is answered `202`
    * with the job the first try made, never a second job. The same key with another body throws
-   * `IdempotencyConflict`.
+   * `IdempotencyConflict`. `priority` (1 to 5) is sent only when given (payonce's default: 3).
    */
   async create(params: JobCreateParams, { signal }: RequestOptions = {}): Promise<Job> {
     const { idempotencyKey, ...body } = params;
@@ -150,9 +151,9 @@ export class Jobs {
     });
   }
 
-  /** GET /v1/jobs/{id}. */
-  get(id: string, { signal }: RequestOptions = {}): Promise<Job> {
-    return this.http.json<Job>({ method: "GET", path: `/v1/jobs/${enc(id)}`, mode: "idempotent", signal });
+  /** GET /v1/jobs/{id}: the job, with `waiting` (null, or why a job that has not sent its paid call yet waits). */
+  get(id: string, { signal }: RequestOptions = {}): Promise<JobDetail> {
+    return this.http.json<JobDetail>({ method: "GET", path: `/v1/jobs/${enc(id)}`, mode: "idempotent", signal });
   }
 
   /** Every job of the client, newest first, page after page (GET /v1/jobs, following `next`). */

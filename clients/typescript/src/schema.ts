@@ -340,6 +340,8 @@ export interface components {
             output_key: string;
             webhook_url: string | null;
             metadata: unknown;
+            /** @description Higher starts sooner (1 to 5); within a level, clients take turns. */
+            priority: number;
             output: unknown;
             error: unknown;
             readonly attempts: components["schemas"]["Attempt"][];
@@ -368,6 +370,42 @@ export interface components {
             metadata?: {
                 [key: string]: unknown;
             };
+            /** @description 1 to 5, default 3: a higher priority starts sooner; within a priority, ready jobs are started in turn across clients (weighted round robin). */
+            priority?: number;
+        };
+        /**
+         * @description GET /v1/jobs/{id}: the job, and why it waits if it has not sent its call yet (jobs.selectors.job_waiting).
+         *     Only here: the list and the webhooks' events do not ask it of every job.
+         */
+        JobDetail: {
+            /** Format: uuid */
+            id: string;
+            kind: components["schemas"]["JobKind"];
+            status: components["schemas"]["JobStatus"];
+            run: number;
+            idempotency_key: string;
+            models: string[];
+            input: unknown;
+            policy: unknown;
+            output_key: string;
+            webhook_url: string | null;
+            metadata: unknown;
+            /** @description Higher starts sooner (1 to 5); within a level, clients take turns. */
+            priority: number;
+            output: unknown;
+            error: unknown;
+            readonly attempts: components["schemas"]["Attempt"][];
+            readonly cost: components["schemas"]["Cost"];
+            /** @description Reports only: the chapters in order. */
+            readonly chapters: components["schemas"]["ReportChapter"][];
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            completed_at: string | null;
+            /** @description null, or why the job waits on payonce: client_limit (queued: your jobs in progress are at your limit), turn (queued: started in its turn across clients, by priority), provider_limit (started: its call waits unsent while a provider's calls in flight are at their limit). */
+            readonly waiting: components["schemas"]["JobWaiting"] | null;
         };
         /**
          * @description * `media` - Media
@@ -398,6 +436,14 @@ export interface components {
          * @enum {string}
          */
         JobStatus: "queued" | "running" | "waiting" | "succeeded" | "failed" | "cancelled";
+        JobWaiting: {
+            reason: components["schemas"]["ReasonEnum"];
+            message: string;
+            /** @description client_limit: the number; provider_limit: its name (a provider, or provider/model) */
+            limit?: unknown;
+            running?: number;
+            in_flight?: number;
+        };
         /** @description Unknown fields are errors: a typo such as "polcy" must not be silently ignored. */
         LayoutRequest: {
             title: string;
@@ -471,6 +517,13 @@ export interface components {
             /** Format: double */
             deadline_s?: number;
         };
+        /**
+         * @description * `client_limit` - client_limit
+         *     * `turn` - turn
+         *     * `provider_limit` - provider_limit
+         * @enum {string}
+         */
+        ReasonEnum: "client_limit" | "turn" | "provider_limit";
         Report: {
             /** Format: uuid */
             job_id: string;
@@ -758,7 +811,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["Job"];
+                    "application/json": components["schemas"]["JobDetail"];
                 };
             };
             401: {

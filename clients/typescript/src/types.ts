@@ -8,7 +8,30 @@ import type { components, operations } from "./schema.js";
 
 type Schemas = components["schemas"];
 
-export type Job = Schemas["Job"];
+/**
+ * A job as payonce answers it. `priority` is 1 to 5 (higher starts sooner). `waiting` is only in
+ * `jobs.get`'s answer (see `JobDetail`), not in a list's, a create's or a webhook event's.
+ */
+export type Job = Schemas["Job"] & {
+  readonly waiting?: JobWaiting | null;
+};
+/**
+ * Why a job that has not sent its paid call yet waits: `client_limit` (queued: your jobs in progress are
+ * at your limit, `limit` the number, `running` how many), `turn` (queued: started in its turn across
+ * clients, by priority), `provider_limit` (started: its call waits unsent while a provider's calls in
+ * flight are at their limit, `limit` the provider's name, `in_flight` how many).
+ */
+export type JobWaiting = Omit<Schemas["JobWaiting"], "limit"> & {
+  /** `client_limit`: the number; `provider_limit`: its name (a provider, or provider/model). */
+  limit?: number | string;
+};
+/**
+ * `jobs.get`'s answer (GET /v1/jobs/{id}, the document's `JobDetail`): the job, and `waiting`: null, or
+ * why it waits. Written on `Job` so that `chapters` stays what it is, a report's only.
+ */
+export type JobDetail = Job & {
+  readonly waiting: JobWaiting | null;
+};
 export type Attempt = Schemas["Attempt"];
 export type Cost = Schemas["Cost"];
 export type ReportChapter = Schemas["ReportChapter"];
@@ -51,7 +74,10 @@ export type ReportTemplateLive = Schemas["ReportTemplateLive"];
 /** `status` filter of `jobs.list` (GET /v1/jobs `status`). */
 export type JobStatus = NonNullable<NonNullable<operations["jobs_list"]["parameters"]["query"]>["status"]>;
 
-/** `jobs.create`'s argument: the job's body, and the `Idempotency-Key` (made for you when left out). */
+/**
+ * `jobs.create`'s argument: the job's body (with the optional `priority`, 1 to 5, sent only when given:
+ * payonce's default is 3), and the `Idempotency-Key` (made for you when left out).
+ */
 export type JobCreateParams = JobCreateRequest & {
   /** The `Idempotency-Key`: 1 to 255 visible ASCII characters. Default: a fresh `crypto.randomUUID()` for this call. */
   idempotencyKey?: string;

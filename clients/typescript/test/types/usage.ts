@@ -27,7 +27,14 @@ export async function usage(): Promise<void> {
     policy: { paid_retries: 1 },
     metadata: { campaign: "spring" },
     idempotencyKey: "spring-17",
+    priority: 5,
   });
+  const priority: number = job.priority;
+  const detail = await po.jobs.get(job.id);
+  const why: "client_limit" | "turn" | "provider_limit" | undefined = detail.waiting?.reason;
+  const limit: number | string | undefined = detail.waiting?.limit;
+  const asJob: Job = detail;
+  void [priority, why, limit, asJob];
   const done: Job = await po.jobs.wait(job.id, { timeoutMs: 60_000, pollIntervalMs: 500 });
   const status: string = done.status;
   for await (const frame of po.jobs.events(job.id, { lastEventId: "1" })) {
@@ -76,6 +83,8 @@ export async function usage(): Promise<void> {
 
   // @ts-expect-error: kind is media or report
   await po.jobs.create({ kind: "video", models: [], input: {} });
+  // @ts-expect-error: a priority is a number
+  await po.jobs.create({ kind: "media", models: [], input: {}, priority: "high" });
   // @ts-expect-error: an unknown status
   po.jobs.list({ status: "done" });
   // @ts-expect-error: a report is markdown or json

@@ -80,6 +80,18 @@ describe.concurrent("the retry rule", () => {
     expect(calls[1]!.headers.get("idempotency-key")).not.toBe(calls[2]!.headers.get("idempotency-key"));
   });
 
+  it("create: priority is sent when given, and left out of the body (the hashed bytes) when not", async () => {
+    const { fetch, calls } = scripted([json(201, { ...JOB, priority: 5 })]);
+    const po = client(fetch);
+    const job = await po.jobs.create({ ...BODY, priority: 5 });
+    await po.jobs.create(BODY);
+    await po.jobs.create({ ...BODY, priority: undefined });
+    expect(job.priority).toBe(5);
+    expect(JSON.parse(calls[0]!.body!)).toEqual({ ...BODY, priority: 5 });
+    expect(calls[1]!.body).toBe(JSON.stringify(BODY));
+    expect(calls[2]!.body).toBe(JSON.stringify(BODY));
+  });
+
   it("429 and 503: waits Retry-After, never less; other answers are not retried", async () => {
     const { fetch, calls } = scripted([error(503, "DATABASE_UNAVAILABLE", {}, { "Retry-After": "1" }), json(200, JOB)]);
     await client(fetch).jobs.get(JOB.id);
@@ -192,6 +204,16 @@ describe.concurrent("answers", () => {
     expect(gateway.code).toBeUndefined();
     expect(gateway.message).toMatch(/HTTP 502/);
     expect(gateway.body).toBe("<h1>Bad gateway</h1>");
+  });
+
+  it("get: `waiting` says why a job waits, or is null", async () => {
+    const why = { reason: "client_limit", message: "2 of your jobs are in progress, your limit.", limit: 2, running: 2 };
+    const { fetch } = scripted([json(200, { ...JOB, priority: 3, waiting: why }), json(200, { ...JOB, priority: 3, waiting: null })]);
+    const po = client(fetch);
+    const queued = await po.jobs.get(JOB.id);
+    expect(queued.waiting).toEqual(why);
+    expect(queued.priority).toBe(3);
+    expect((await po.jobs.get(JOB.id)).waiting).toBeNull();
   });
 
   it("list follows `next` under its own base URL, whatever host payonce put in it", async () => {

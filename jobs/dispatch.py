@@ -1,0 +1,228 @@
+"""Fair dispatch: which queued job starts next (docs/design.md, "Many clients: fair shares and limits").
+
+A queued job is started by a message, but not necessarily the job the message names. Every first-stage
+message is a doorbell: its worker starts the fairest queued job there is (jobs.engine.tasks), and the named
+job when that is the one. So however deep one client's backlog is in the broker, each message it sent
+starts whoever's turn it is, and a second client's job waits at most one turn of the rotation, not for
+the backlog. The row is the truth and the message a doorbell, as everywhere in the engine: no per-client
+queue, and it holds across any number of worker machines.
+
+The order (stride scheduling over the clients with queued work):
+1. the highest priority among queued jobs whose client is under its running limit;
+2. within it, the client with the lowest `pass` (jobs.models.ClientTurn); a start moves the client's pass on
+   by 1/weight, and never leaves it more than one round behind the others (a client back from idle gets
+   one round's turns first, its weight's worth, not a run of turns for the time it was away);
+3. within the client, its oldest job of that priority, or the message's own job when that is one of them
+   (then nothing else need be sent for it: no cost when there is no backlog).
+
+Counting every message, nothing is stranded: a job created or retried rings once; a start takes one
+doorbell; a doorbell finds nothing to start only when nothing may start. A client at its running limit
+swallows doorbells, so the starter marks its turn `blocked`, and each slot such a client frees rings once
+more (job_release_slot and jobs.services.job_finish). A doorbell lost with a dead worker or a flushed broker
+is rung again by the sweeper (jobs.selectors, the stuck jobs).
+"""
+
+import logging
+import math
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from jobs.models import JobStatus
+
+logger = logging.getLogger(__name__)
+
+QUEUED = JobStatus.QUEUED.value
+
+# The clients with queued jobs (a skip scan of the partial index job_queued: one probe per client, however
+# deep each backlog is), each one's best queued priority, pass, weight, running limit and jobs holding a
+# slot; and the message's own job, when it names one.
+_CANDIDATES_SQL = f"""
+WITH RECURSIVE active(client_id) AS (
+    (SELECT client_id FROM jobs_job WHERE status = '{QUEUED}' ORDER BY client_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.client_id FROM jobs_job j WHERE j.status = '{QUEUED}' AND j.client_id > a.client_id
+             ORDER BY j.client_id LIMIT 1)
+      FROM active a WHERE a.client_id IS NOT NULL
+)
+SELECT a.client_id, top.priority, t.pass, c.weight, coalesce(c.max_running, %(default_running)s),
+       (SELECT count(*) FROM jobs_job h WHERE h.client_id = a.client_id AND h.holds_slot),
+       t.last_at
+  FROM active a
+  JOIN jobs_client c ON c.id = a.client_id
+  LEFT JOIN jobs_clientturn t ON t.client_id = a.client_id
+ CROSS JOIN LATERAL (SELECT q.priority FROM jobs_job q WHERE q.client_id = a.client_id AND q.status = '{QUEUED}'
+                      ORDER BY q.priority DESC, q.created_at LIMIT 1) top
+ WHERE a.client_id IS NOT NULL
+"""
+
+_OWN_SQL = "SELECT status, client_id, priority, run, kind FROM jobs_job WHERE id = %s"
+
+# The client's turn row, created at its first start, locked: starts of one client's jobs are taken one at
+# a time, so the running count read next (a statement after the lock: its snapshot sees every start
+# committed by the holders before us) cannot be read by two starters at N-1 who then both start. That is
+# the race this lock closes.
+_LOCK_TURN_SQL = """
+INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at) VALUES (%s, NULL, false, NULL)
+ON CONFLICT (client_id) DO UPDATE SET blocked = jobs_clientturn.blocked
+RETURNING pass
+"""
+
+# Under the turn's lock: the running count, and the start itself (queued -> running, holding a slot) of the
+# chosen job when the count is under the limit. SKIP LOCKED: a job another starter is taking is not waited
+# for. The status condition is re-checked on the row by the UPDATE: a job cancelled meanwhile is not
+# started. `started_at` is the moment of the start itself, after the count (not the transaction's start).
+_START_SQL = f"""
+WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot),
+pick AS ({{pick}} FOR UPDATE SKIP LOCKED),
+started AS (
+    UPDATE jobs_job j SET status = '{JobStatus.RUNNING}', holds_slot = true, started_at = clock_timestamp(),
+                          updated_at = now()
+      FROM pick
+     WHERE j.id = pick.id AND j.status = '{QUEUED}' AND (%(limit)s = 0 OR (SELECT n FROM running) < %(limit)s)
+    RETURNING j.id, j.run, j.kind
+),
+turn AS (
+    UPDATE jobs_clientturn SET pass = %(pass)s, last_at = now(), blocked = blocked AND %(limit)s > 0
+     WHERE client_id = %(client)s AND EXISTS (SELECT 1 FROM started)
+)
+SELECT (SELECT n FROM running), started.id, started.run, started.kind FROM (SELECT 1) one LEFT JOIN started ON true
+"""
+_PICK_OWN = f"SELECT id FROM jobs_job WHERE id = %(own)s AND status = '{QUEUED}'"
+_PICK_NEXT = (f"SELECT id FROM jobs_job WHERE client_id = %(client)s AND status = '{QUEUED}' AND priority = %(priority)s"
+              f" ORDER BY priority DESC, created_at LIMIT 1")
+
+
+@dataclass(frozen=True)
+class Start:
+    """A job to run from its first stage: `claimed` when this call started it (queued -> running), False when
+    the message's own job was running already (a first stage sent again: run it as named)."""
+
+    job_id: str
+    run: int
+    kind: str
+    claimed: bool
+
+
+@dataclass
+class _Candidate:
+    client_id: object
+    priority: int
+    pass_value: float | None
+    weight: int
+    limit: int
+    running: int
+    last_at: object
+
+    def order(self):
+        # Highest priority first; then the lowest pass (a client new to the rotation first); then the one
+        # that started least recently.
+        return (-self.priority, -math.inf if self.pass_value is None else self.pass_value,
+                self.last_at is not None, self.last_at or 0)
+
+
+def job_start(*, own=None, doorbell: bool = True) -> Start | None:
+    """Start the fairest queued job, the message's own job (`own`) when it is that one; None when nothing
+    may start now.
+
+    `doorbell`: the message was rung for a job created or retried, or by the sweeper for a queued job whose
+    doorbell was lost (one per such job: the count above). Its own job already started by another
+    doorbell, it starts the next one. Without it, the message names the job to run (a first stage sent
+    again after a back-off, a resume, a test stepping one job through): a running one runs as named, a
+    queued one starts now if its client has a free slot, whoever's turn it is."""
+    with connection.cursor() as cursor:
+        own_row = None
+        if own is not None:
+            cursor.execute(_OWN_SQL, [own])
+            own_row = cursor.fetchone()
+            if own_row is not None and own_row[0] != QUEUED:
+                if not doorbell:  # the runner decides what is left (a job that ended stops there)
+                    return Start(str(own), own_row[3], own_row[4], claimed=False)
+                own_row = None
+            elif own_row is None and not doorbell:
+                return None
+        cursor.execute(_CANDIDATES_SQL, {"default_running": settings.CLIENT_MAX_RUNNING})
+        candidates = [_Candidate(*row) for row in cursor.fetchall()]
+    named = own_row is not None and not doorbell
+    passed_over = []
+    while candidates:
+        ready = [c for c in candidates if c.limit == 0 or c.running < c.limit]
+        passed_over += [c.client_id for c in candidates if c not in ready]
+        if named:
+            ready = [c for c in ready if c.client_id == own_row[1]]
+        if not ready:
+            break
+        chosen = min(ready, key=_Candidate.order)
+        mine = own_row is not None and own_row[1] == chosen.client_id and (named or own_row[2] == chosen.priority)
+        started, running = _start_one(chosen, candidates, own if mine else None)
+        if started is not None:
+            _mark_blocked(passed_over)
+            return started
+        if running is not None and chosen.limit and running >= chosen.limit:
+            chosen.running = running  # filled meanwhile: passed over, and marked for its next free slot
+            continue
+        if named:
+            break  # another starter took it
+        if mine:
+            own_row = None  # another starter took it: the client's next job instead
+            continue
+        candidates.remove(chosen)  # its queued jobs are all being started by others
+    _mark_blocked(passed_over)
+    return None
+
+
+def _start_one(chosen: _Candidate, candidates: list[_Candidate], own) -> tuple[Start | None, int | None]:
+    """Under the client's turn lock: start its job, or say its running count (None: no job was free)."""
+    stride = 1.0 / max(chosen.weight, 1)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_LOCK_TURN_SQL, [chosen.client_id])
+        pass_now = cursor.fetchone()[0]
+        # Never more than one round (1: a weight-1 client's stride) behind the other clients with work: a
+        # client back from idle (or new) takes one round's turns first (its weight's worth), not a run of
+        # them for the time it was away. Rounded, so that three strides of 1/3 make exactly 1 (a tie, then
+        # decided by who started least recently) rather than a hair less.
+        others = [c.pass_value for c in candidates if c is not chosen and c.pass_value is not None]
+        floor = (min(others) - 1.0) if others else (pass_now or 0.0)
+        new_pass = round(max(pass_now if pass_now is not None else floor, floor) + stride, 9)
+        sql = _START_SQL.replace("{pick}", _PICK_OWN if own is not None else _PICK_NEXT)
+        cursor.execute(sql, {"client": chosen.client_id, "limit": chosen.limit, "pass": new_pass, "own": own,
+                             "priority": chosen.priority})
+        running, job_id, run, kind = cursor.fetchone()
+    if job_id is None:
+        return None, running
+    chosen.pass_value = new_pass
+    return Start(str(job_id), run, kind, claimed=True), running
+
+
+def _mark_blocked(client_ids: list) -> None:
+    """These clients were passed over at their running limit: the next slot each frees rings for it."""
+    if client_ids:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE jobs_clientturn SET blocked = true WHERE client_id = ANY(%s) AND NOT blocked",
+                           [list(set(client_ids))])
+            # A client passed over before its first start has no turn row yet: it gets one, blocked.
+            cursor.execute("INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at)"
+                           " SELECT unnest(%s::uuid[]), NULL, true, NULL ON CONFLICT (client_id) DO NOTHING",
+                           [list(set(client_ids))])
+
+
+def client_unblock(*, client_id) -> None:
+    """A doorbell rung for a blocked client's free slot found none of its jobs queued: stop ringing for it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE jobs_clientturn SET blocked = false WHERE client_id = %s AND blocked"
+            f" AND NOT EXISTS (SELECT 1 FROM jobs_job WHERE client_id = %s AND status = '{QUEUED}')",
+            [client_id, client_id])
+
+
+def job_release_slot(*, job_id) -> bool:
+    """The job stops counting against its client's running limit (it waits on its provider now). True when
+    its client was passed over at the limit: the caller rings for the client's next job."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs_job SET holds_slot = false WHERE id = %s AND holds_slot"
+            " RETURNING (SELECT t.blocked FROM jobs_clientturn t WHERE t.client_id = jobs_job.client_id)",
+            [job_id])
+        row = cursor.fetchone()
+    return bool(row and row[0])
