@@ -397,7 +397,7 @@ export interface components {
             readonly attempts: components["schemas"]["Attempt"][];
             readonly cost: components["schemas"]["Cost"];
             /** @description Reports only: the chapters in order. */
-            readonly chapters: components["schemas"]["ReportChapter"][];
+            readonly chapters?: components["schemas"]["ReportChapter"][];
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -516,6 +516,8 @@ export interface components {
             paid_retries?: number;
             /** Format: double */
             deadline_s?: number;
+            /** Format: date-time */
+            deadline_at?: string;
         };
         /**
          * @description * `client_limit` - client_limit
