@@ -11,6 +11,8 @@ in-process driver of the suite (docs/testing.md, "The pyramid").
   root id, chain and retries, so the task's own `_follow` turns the runner's outcome into messages (the
   next link, the same task again after a back-off, a fan-out's group, a new chain), and the chain's
   next link is sent when a task returns with its chain left, as Celery's tracer does;
+- a job's doorbell (jobs.dispatch) run for that job alone (`run(job=...)`, `run_job`) starts that job, as a
+  named first stage does; run with no job, it starts whoever's turn it is, as on a worker;
 - messages run one at a time, in the order they are due; a countdown is honoured, because the sandbox's
   renders and the provider's fault windows take real time, unless `pauses=False` runs a message as soon
   as it is the next one due (the runner allows it wherever the lease kept across the pause belongs to
@@ -173,6 +175,11 @@ class Engine:
                 message = min(mine) if mine else None  # the first due, and of those the first sent
                 if message is not None:
                     self.queue.remove(message)
+                    if job is not None and message.kwargs.get("doorbell"):
+                        # A test running one job runs that job: its doorbell names it, as a first stage
+                        # sent again does, rather than starting whoever's turn it is (jobs.dispatch; the
+                        # turns are tests/jobs/test_dispatch.py's and the e2e tests').
+                        message.kwargs = {k: v for k, v in message.kwargs.items() if k != "doorbell"}
             if message is None:
                 if until is not None:
                     raise AssertionError(f"nothing left to run, and the condition does not hold: {self.ran[-3:]}")
