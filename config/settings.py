@@ -356,6 +356,10 @@ CLIENT_CREATE_BURST = env_int("CLIENT_CREATE_BURST", 1000, minimum=1)
 # Jobs of one client in progress at once (jobs.dispatch), unless its row says otherwise; 0: no limit. A job
 # past it waits queued; a render waiting on its provider holds no slot.
 CLIENT_MAX_RUNNING = env_int("CLIENT_MAX_RUNNING", 100, minimum=0)
+# Fair dispatch across clients (jobs.dispatch). Off: each message starts the job it was sent for, first in,
+# first out, the order before fair dispatch (the baseline bench/fairness.py measures it against); running
+# limits and priorities of jobs rung for again still hold.
+FAIR_DISPATCH = env_bool("FAIR_DISPATCH", True)
 
 # Reports (docs/design.md, "Reports and orders").
 REPORT_SYNTHESIS_MAX_TOKENS = env_int("REPORT_SYNTHESIS_MAX_TOKENS", 2000, minimum=1)

@@ -6,6 +6,7 @@ Messages carry ids only; the rows say what to do. Every task is safe to deliver 
 import logging
 
 from celery import group, shared_task, signature
+from django.conf import settings
 
 from executor.cancel import sweep_cancelled
 from jobs import dispatch
@@ -84,7 +85,7 @@ def _run_started(task, start) -> None:
 def run_stage(self, job_id: str, run: int, stage: str, rung: bool = False, doorbell: bool = False):
     if stage in FIRST_STAGES and not rung:
         # Fair dispatch (jobs.dispatch): start the fairest queued job, this one when it is its turn.
-        start = dispatch.job_start(own=job_id, doorbell=doorbell)
+        start = dispatch.job_start(own=job_id, doorbell=doorbell and settings.FAIR_DISPATCH)
         if start is None:  # nothing may start now (or this job was started by another doorbell)
             self.request.chain = None
             return None

@@ -131,6 +131,7 @@ def run_all(storm, final: dict, ledger: dict, generations: dict) -> Result:
     check_second_charges(storm, final, ledger, generations, result)
     check_deliveries(storm, final, result)
     check_cap(storm, final, result)
+    check_running_limits(storm, result)
     check_catalog(storm, result)
     check_landed(storm, final, result)
     recovery(storm, result)
@@ -426,6 +427,18 @@ def drift_margins(storm, result: Result) -> dict[str, Decimal]:
         in_flight += 1
     result.figures["drift in flight"] = in_flight
     return margins
+
+
+def check_running_limits(storm, result: Result) -> None:
+    """A client's jobs in progress never above its running limit at any sample (jobs.dispatch), and none
+    holding a slot once the storm has settled: every slot taken was given back."""
+    for breach in storm.record.slot_breaches[:5]:
+        result.fail(f"more jobs in progress than the client's running limit: {breach}")
+    with pg(storm.stack.local_database_url) as conn:
+        left = conn.execute("SELECT count(*) FROM jobs_job WHERE holds_slot").fetchone()[0]
+    if left:
+        result.fail(f"{left} jobs still hold a slot of their client's running limit after the storm settled")
+    result.figures["most in progress at once (sampled)"] = dict(storm.record.slot_most)
 
 
 def check_cap(storm, final: dict, result: Result) -> None:

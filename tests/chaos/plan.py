@@ -107,6 +107,8 @@ def draw_job(rng: random.Random, n: int, at: float, prefix: str) -> JobPlan:
                 "metadata": {"storm": prefix, "n": n}}
         if rng.random() < 0.25:
             body["input"]["references"] = [{"data": PNG, "content_type": "image/png"}]
+    # Priorities from the job's number, not the generator: a seed's plan draws what it always drew.
+    body["priority"] = (1, 3, 3, 5)[n % 4]
     job = JobPlan(n, client, f"{prefix}-{n}", body, at, family)
     if rng.random() < 0.06:
         job.resend_after = round(rng.uniform(0.0, 8.0), 2)

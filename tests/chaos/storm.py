@@ -30,6 +30,10 @@ from tests.chaos.receiver import FlakyReceiver
 from tests.chaos.stack import Stack
 
 CAPS = {"alpha": "100000", "beta": "100000", "capped": "4"}  # the third client's cap binds
+# Each client's limits, set by an operator's command (manage.py client_limits): jobs in progress at once and
+# its weight in the rotation of fair dispatch. beta's limit binds in every storm; the capped client keeps
+# the defaults (CLIENT_MAX_RUNNING).
+LIMITS = {"alpha": {"max_running": 12, "weight": 2}, "beta": {"max_running": 3, "weight": 1}, "capped": {}}
 
 
 def caps_for(jobs: int) -> dict[str, str]:
@@ -63,6 +67,8 @@ class Record:
     cap_samples: int = 0
     cap_gaps: int = 0  # samples that could not be read (PostgreSQL restarting)
     cap_breaches: list = field(default_factory=list)
+    slot_breaches: list = field(default_factory=list)  # (t, client, jobs holding a slot) above its running limit
+    slot_most: Counter = field(default_factory=Counter)  # client -> the most of its jobs in progress at one sample
     cancels: Counter = field(default_factory=Counter)
     retries: dict = field(default_factory=dict)  # job id -> attempt numbers that existed at the person's retry
     progress: dict = field(default_factory=lambda: defaultdict(list))  # job id -> [(t, signature)]
@@ -109,6 +115,10 @@ class Storm:
             for name in CLIENTS:
                 url = self.receiver.url_for(name)
                 creds = self.stack.create_client(f"{name}-{args.seed}", url, self.caps[name])
+                if LIMITS[name]:
+                    self.stack.manage("client_limits", creds["client_id"],
+                                      *[arg for key, value in LIMITS[name].items()
+                                        for arg in (f"--{key.replace('_', '-')}", str(value))])
                 self.receiver.add_client(name, creds["webhook_secret"])
                 self.clients[name] = creds
             self.stack.start()
@@ -495,6 +505,8 @@ class Storm:
             try:
                 with checks.pg(self.stack.local_database_url) as conn:
                     rows = conn.execute("SELECT client_id::text, month, spent, reserved FROM billing_budgetmonth").fetchall()
+                    slots = conn.execute("SELECT client_id::text, count(*) FROM jobs_job WHERE holds_slot"
+                                         " GROUP BY client_id").fetchall()
             except Exception:
                 self.record.cap_gaps += 1
                 continue
@@ -503,6 +515,13 @@ class Storm:
                 name = names.get(client_id)
                 if name and spent + reserved > caps[name]:
                     self.record.cap_breaches.append((round(time.time() - self.t0, 1), name, spent + reserved - caps[name]))
+            # Each client's jobs in progress, never above its running limit (jobs.dispatch).
+            for client_id, holding in slots:
+                name = names.get(client_id)
+                self.record.slot_most[name] = max(self.record.slot_most[name], holding)
+                limit = LIMITS.get(name, {}).get("max_running")
+                if limit and holding > limit:
+                    self.record.slot_breaches.append((round(time.time() - self.t0, 1), name, holding))
 
     def _track(self) -> None:
         """Every second, each client's open jobs as the API lists them: when each job last changed."""
