@@ -1,4 +1,4 @@
-"""Fair dispatch: which queued job starts next (docs/design.md, "Many clients: fair shares and limits").
+"""Fair dispatch: which queued job starts next (docs/design.md, "Many clients: fair dispatch and limits").
 
 A queued job is started by a message, but not necessarily the job the message names. Every first-stage
 message is a doorbell: its worker starts the fairest queued job there is (jobs.engine.tasks), and the named

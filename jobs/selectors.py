@@ -31,7 +31,20 @@ def job_holding_output_key(*, client_id, key: str):
 
 # --- the API ---------------------------------------------------------------------------------------------
 
-_OWN_JOB_SQL = f"SELECT j.*, {attempts_json_sql('j.id')} AS attempt_rows FROM jobs_job j WHERE j.id = %s AND j.client_id = %s"
+# With what job_waiting needs of an open job (its client's running limit and slots held, whether a call of
+# its current run is in flight), in the same statement: a client polling its job pays no second one.
+# Each CASE reads its subquery only for the status that needs it.
+_OWN_JOB_SQL = f"""
+SELECT j.*, {attempts_json_sql('j.id')} AS attempt_rows,
+       CASE WHEN j.status = '{JobStatus.QUEUED}' THEN
+            (SELECT coalesce(c.max_running, %s) FROM jobs_client c WHERE c.id = j.client_id) END AS slot_limit,
+       CASE WHEN j.status = '{JobStatus.QUEUED}' THEN
+            (SELECT count(*) FROM jobs_job h WHERE h.client_id = j.client_id AND h.holds_slot) END AS slots_held,
+       CASE WHEN j.status = '{JobStatus.RUNNING}' THEN
+            EXISTS (SELECT 1 FROM executor_attempt a WHERE a.job_id = j.id AND a.run = j.run
+                     AND a.state IN ('{IN_FLIGHT[0]}', '{IN_FLIGHT[1]}')) END AS call_in_flight
+  FROM jobs_job j WHERE j.id = %s AND j.client_id = %s
+"""
 
 
 def idempotency_key_used(*, client_id, key: str) -> bool:
@@ -41,7 +54,7 @@ def idempotency_key_used(*, client_id, key: str) -> bool:
 
 def own_job(*, client_id, job_id) -> Job | None:
     """The client's job with its attempts, in one statement; another client's job is None."""
-    return next(iter(Job.objects.raw(_OWN_JOB_SQL, [job_id, client_id])), None)
+    return next(iter(Job.objects.raw(_OWN_JOB_SQL, [settings.CLIENT_MAX_RUNNING, job_id, client_id])), None)
 
 
 def own_job_output(*, client_id, job_id) -> Job | None:
@@ -253,12 +266,15 @@ def job_waiting(job: Job) -> dict | None:
       flight (executor.in_flight), `limit` naming which."""
     if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(_WAITING_SQL, {"default_running": settings.CLIENT_MAX_RUNNING, "job": job.id})
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    limit, running, in_flight_now = row
+    if hasattr(job, "call_in_flight"):  # read with the job (own_job)
+        limit, running, in_flight_now = job.slot_limit, job.slots_held, job.call_in_flight
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(_WAITING_SQL, {"default_running": settings.CLIENT_MAX_RUNNING, "job": job.id})
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        limit, running, in_flight_now = row
     if job.status == JobStatus.QUEUED:
         if limit and running >= limit:
             return {"reason": "client_limit", "running": running, "limit": limit,
