@@ -5,6 +5,7 @@ demo; its output is plain log lines, with no routine lines of the periodic tasks
 readable lines. Then Ctrl-C stops every process."""
 
 import getpass
+import itertools
 import json
 import os
 import re
@@ -179,7 +180,14 @@ def test_make_install_then_make_run_serve_the_demo_for_a_user_who_is_not_root(cl
     # The console mail as readable lines, with its report link whole (EMAIL_CONSOLE_LINKS, as the README
     # says); nothing through celery.redirected.
     assert not [line for line in lines if "celery.redirected" in line]
-    text = "\n".join(line.partition("| ")[2] for line in lines[mail:mail + 12])
+    # Its lines are one write of one process, but honcho interleaves the other processes' lines with them:
+    # the mail is read from the lines of the process that wrote it.
+    # The record ends where that process's next record begins (a line opening with its time).
+    writer = lines[mail].partition("|")[0].split()[-1]
+    written = [line.partition("| ")[2] for line in lines[mail:] if line.partition("|")[0].split()[-1:] == [writer]]
+    record = written[:1] + list(itertools.takewhile(lambda line: not re.match(r"\d{4}-\d\d-\d\d \d\d:", line),
+                                                     written[1:]))
+    text = "\n".join(record)
     assert "To: ada@example.com" in text and "Subject: " in text
     assert report_link in text and "[redacted]" not in text
     # Ctrl-C stopped every process: none holds the web port.
