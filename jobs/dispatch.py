@@ -37,7 +37,7 @@ QUEUED = JobStatus.QUEUED.value
 
 # The clients with queued jobs (a skip scan of the partial index job_queued: one probe per client, however
 # deep each backlog is), each one's best queued priority, pass, weight, running limit and jobs holding a
-# slot; and the message's own job, when it names one.
+# slot.
 _CANDIDATES_SQL = f"""
 WITH RECURSIVE active(client_id) AS (
     (SELECT client_id FROM jobs_job WHERE status = '{QUEUED}' ORDER BY client_id LIMIT 1)
@@ -57,7 +57,24 @@ SELECT a.client_id, top.priority, t.pass, c.weight, coalesce(c.max_running, %(de
  WHERE a.client_id IS NOT NULL
 """
 
-_OWN_SQL = "SELECT status, client_id, priority, run, kind FROM jobs_job WHERE id = %s"
+# The message's own job: its status, client, priority, run and kind; whether it is the only choice there is
+# (`alone`: no other client has a queued job, and none of its own client's queued jobs has a higher
+# priority; two range probes of job_queued each side of its client, so as cheap with a deep backlog); and
+# its client's figures as _CANDIDATES_SQL reads them. When it is alone, the rotation is not read at all:
+# the common case of one client's jobs, or none waiting, costs this statement and the start.
+_OWN_SQL = f"""
+SELECT j.status, j.client_id, j.priority, j.run, j.kind,
+       j.status = '{QUEUED}'
+       AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id < j.client_id)
+       AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id > j.client_id)
+       AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id = j.client_id
+                        AND q.priority > j.priority),
+       t.pass, c.weight, coalesce(c.max_running, %(default_running)s),
+       (SELECT count(*) FROM jobs_job h WHERE h.client_id = j.client_id AND h.holds_slot),
+       t.last_at
+  FROM jobs_job j JOIN jobs_client c ON c.id = j.client_id LEFT JOIN jobs_clientturn t ON t.client_id = j.client_id
+ WHERE j.id = %(own)s
+"""
 
 # The client's turn row, created at its first start, locked: starts of one client's jobs are taken one at
 # a time, so the running count read next (a statement after the lock: its snapshot sees every start
@@ -131,20 +148,26 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
     doorbell, it starts the next one. Without it, the message names the job to run (a first stage sent
     again after a back-off, a resume, a test stepping one job through): a running one runs as named, a
     queued one starts now if its client has a free slot, whoever's turn it is."""
+    params = {"default_running": settings.CLIENT_MAX_RUNNING, "own": own}
+    own_row, alone = None, False
     with connection.cursor() as cursor:
-        own_row = None
         if own is not None:
-            cursor.execute(_OWN_SQL, [own])
-            own_row = cursor.fetchone()
-            if own_row is not None and own_row[0] != QUEUED:
+            cursor.execute(_OWN_SQL, params)
+            row = cursor.fetchone()
+            if row is not None and row[0] != QUEUED:
                 if not doorbell:  # the runner decides what is left (a job that ended stops there)
-                    return Start(str(own), own_row[3], own_row[4], claimed=False)
-                own_row = None
-            elif own_row is None and not doorbell:
+                    return Start(str(own), row[3], row[4], claimed=False)
+            elif row is not None:
+                own_row, alone = row[:5], row[5]
+                own_candidate = _Candidate(row[1], row[2], *row[6:])
+            elif not doorbell:
                 return None
-        cursor.execute(_CANDIDATES_SQL, {"default_running": settings.CLIENT_MAX_RUNNING})
-        candidates = [_Candidate(*row) for row in cursor.fetchall()]
-    named = own_row is not None and not doorbell
+        if own_row is not None and (alone or not doorbell):
+            candidates = [own_candidate]  # the only choice there is, or the one the message names
+        else:
+            cursor.execute(_CANDIDATES_SQL, params)
+            candidates = [_Candidate(*row) for row in cursor.fetchall()]
+    named = own_row is not None and (alone or not doorbell)
     passed_over = []
     while candidates:
         ready = [c for c in candidates if c.limit == 0 or c.running < c.limit]
@@ -163,6 +186,8 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             chosen.running = running  # filled meanwhile: passed over, and marked for its next free slot
             continue
         if named:
+            if alone and doorbell:  # taken by another starter: this doorbell starts whoever is next
+                return job_start(doorbell=True)
             break  # another starter took it
         if mine:
             own_row = None  # another starter took it: the client's next job instead
