@@ -76,20 +76,18 @@ SELECT j.status, j.client_id, j.priority, j.run, j.kind,
  WHERE j.id = %(own)s
 """
 
-# The client's turn row, created at its first start, locked: starts of one client's jobs are taken one at
-# a time, so the running count read next (a statement after the lock: its snapshot sees every start
-# committed by the holders before us) cannot be read by two starters at N-1 who then both start. That is
-# the race this lock closes.
-_LOCK_TURN_SQL = """
-INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at) VALUES (%s, NULL, false, NULL)
-ON CONFLICT (client_id) DO UPDATE SET blocked = jobs_clientturn.blocked
-RETURNING pass
-"""
+# Starts of one client's jobs are taken one at a time: a transaction-scoped advisory lock per client, so
+# the running count read next (a statement after the lock: its snapshot sees every start committed by the
+# holders before us) cannot be read by two starters at N-1 who then both start. That is the race this lock
+# closes. An advisory lock, not the turn row's: a start of a client alone in the queue writes no turn row.
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
-# Under the turn's lock: the running count, and the start itself (queued -> running, holding a slot) of the
+# Under that lock: the running count, and the start itself (queued -> running, holding a slot) of the
 # chosen job when the count is under the limit. SKIP LOCKED: a job another starter is taking is not waited
 # for. The status condition is re-checked on the row by the UPDATE: a job cancelled meanwhile is not
 # started. `started_at` is the moment of the start itself, after the count (not the transaction's start).
+# With `advance`, the client's turn moves on by its stride, from the row as it is now (under the lock), and
+# never more than one round behind the others (`floor`, null: none).
 _START_SQL = f"""
 WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot),
 pick AS ({{pick}} FOR UPDATE SKIP LOCKED),
@@ -101,10 +99,18 @@ started AS (
     RETURNING j.id, j.run, j.kind
 ),
 turn AS (
-    UPDATE jobs_clientturn SET pass = %(pass)s, last_at = now(), blocked = blocked AND %(limit)s > 0
-     WHERE client_id = %(client)s AND EXISTS (SELECT 1 FROM started)
+    INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at)
+    SELECT %(client)s, round((coalesce(%(floor)s::float8, 0) + %(stride)s::float8)::numeric, 9)::float8, false, now()
+     WHERE %(advance)s AND EXISTS (SELECT 1 FROM started)
+    ON CONFLICT (client_id) DO UPDATE
+       SET pass = round((greatest(coalesce(jobs_clientturn.pass, %(floor)s::float8, 0),
+                                  coalesce(%(floor)s::float8, '-infinity'::float8)) + %(stride)s::float8)::numeric, 9)::float8,
+           last_at = now(), blocked = jobs_clientturn.blocked AND %(limit)s > 0
+    RETURNING pass
 )
-SELECT (SELECT n FROM running), started.id, started.run, started.kind FROM (SELECT 1) one LEFT JOIN started ON true
+SELECT (SELECT n FROM running), started.id, started.run, started.kind, (SELECT pass FROM turn)
+  FROM (SELECT 1) one
+  LEFT JOIN started ON true
 """
 _PICK_OWN = f"SELECT id FROM jobs_job WHERE id = %(own)s AND status = '{QUEUED}'"
 _PICK_NEXT = (f"SELECT id FROM jobs_job WHERE client_id = %(client)s AND status = '{QUEUED}' AND priority = %(priority)s"
@@ -178,7 +184,7 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             break
         chosen = min(ready, key=_Candidate.order)
         mine = own_row is not None and own_row[1] == chosen.client_id and (named or own_row[2] == chosen.priority)
-        started, running = _start_one(chosen, candidates, own if mine else None)
+        started, running = _start_one(chosen, candidates, own if mine else None, advance=not alone)
         if started is not None:
             _mark_blocked(passed_over)
             return started
@@ -197,26 +203,27 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
     return None
 
 
-def _start_one(chosen: _Candidate, candidates: list[_Candidate], own) -> tuple[Start | None, int | None]:
-    """Under the client's turn lock: start its job, or say its running count (None: no job was free)."""
-    stride = 1.0 / max(chosen.weight, 1)
+def _start_one(chosen: _Candidate, candidates: list[_Candidate], own, *, advance: bool = True
+               ) -> tuple[Start | None, int | None]:
+    """Under the client's start lock: start its job, or say its running count (None: no job was free).
+    `advance`: move the client's turn on (not when it is alone in the queue: a pass matters only beside
+    others', and the clamp below lifts it when others come)."""
+    # Never more than one round (1: a weight-1 client's stride) behind the other clients with work: a
+    # client back from idle (or new) takes one round's turns first (its weight's worth), not a run of
+    # them for the time it was away. Rounded, so that three strides of 1/3 make exactly 1 (a tie, then
+    # decided by who started least recently) rather than a hair less.
+    others = [c.pass_value for c in candidates if c is not chosen and c.pass_value is not None]
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_LOCK_TURN_SQL, [chosen.client_id])
-        pass_now = cursor.fetchone()[0]
-        # Never more than one round (1: a weight-1 client's stride) behind the other clients with work: a
-        # client back from idle (or new) takes one round's turns first (its weight's worth), not a run of
-        # them for the time it was away. Rounded, so that three strides of 1/3 make exactly 1 (a tie, then
-        # decided by who started least recently) rather than a hair less.
-        others = [c.pass_value for c in candidates if c is not chosen and c.pass_value is not None]
-        floor = (min(others) - 1.0) if others else (pass_now or 0.0)
-        new_pass = round(max(pass_now if pass_now is not None else floor, floor) + stride, 9)
+        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{chosen.client_id}"])
         sql = _START_SQL.replace("{pick}", _PICK_OWN if own is not None else _PICK_NEXT)
-        cursor.execute(sql, {"client": chosen.client_id, "limit": chosen.limit, "pass": new_pass, "own": own,
-                             "priority": chosen.priority})
-        running, job_id, run, kind = cursor.fetchone()
+        cursor.execute(sql, {"client": chosen.client_id, "limit": chosen.limit, "own": own, "priority": chosen.priority,
+                             "floor": (min(others) - 1.0) if others else None, "stride": 1.0 / max(chosen.weight, 1),
+                             "advance": advance})
+        running, job_id, run, kind, new_pass = cursor.fetchone()
     if job_id is None:
         return None, running
-    chosen.pass_value = new_pass
+    if new_pass is not None:
+        chosen.pass_value = new_pass
     return Start(str(job_id), run, kind, claimed=True), running
 
 
