@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from jobs.engine.outcomes import NotStarted
 from jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
@@ -120,12 +121,15 @@ _PICK_NEXT = (f"SELECT id FROM jobs_job WHERE client_id = %(client)s AND status 
 @dataclass(frozen=True)
 class Start:
     """A job to run from its first stage: `claimed` when this call started it (queued -> running), False when
-    the message's own job was running already (a first stage sent again: run it as named)."""
+    the message's own job was running already (a first stage sent again: run it as named). `take_slot`
+    (client id, running limit): the message's own job, the only choice there is, not started yet: its
+    first transaction starts it (job_start_in_slot), so the start costs no transaction of its own."""
 
     job_id: str
     run: int
     kind: str
     claimed: bool
+    take_slot: tuple | None = None
 
 
 @dataclass
@@ -168,6 +172,10 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
                 own_candidate = _Candidate(row[1], row[2], *row[6:])
             elif not doorbell:
                 return None
+        if alone and doorbell and (own_candidate.limit == 0 or own_candidate.running < own_candidate.limit):
+            # The only choice there is, with a slot free when read: started in its first transaction.
+            return Start(str(own), own_row[3], own_row[4], claimed=False,
+                         take_slot=(own_candidate.client_id, own_candidate.limit))
         if own_row is not None and (alone or not doorbell):
             candidates = [own_candidate]  # the only choice there is, or the one the message names
         else:
@@ -186,7 +194,7 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
         mine = own_row is not None and own_row[1] == chosen.client_id and (named or own_row[2] == chosen.priority)
         started, running = _start_one(chosen, candidates, own if mine else None, advance=not alone)
         if started is not None:
-            _mark_blocked(passed_over)
+            mark_blocked(passed_over)
             return started
         if running is not None and chosen.limit and running >= chosen.limit:
             chosen.running = running  # filled meanwhile: passed over, and marked for its next free slot
@@ -199,8 +207,34 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             own_row = None  # another starter took it: the client's next job instead
             continue
         candidates.remove(chosen)  # its queued jobs are all being started by others
-    _mark_blocked(passed_over)
+    mark_blocked(passed_over)
     return None
+
+
+# The start in a caller's transaction (Start.take_slot), under the same lock as _start_one's.
+_START_IN_SLOT_SQL = f"""
+WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot)
+UPDATE jobs_job SET status = '{JobStatus.RUNNING}', holds_slot = true, started_at = clock_timestamp(), updated_at = now()
+ WHERE id = %(job)s AND status = '{QUEUED}' AND (%(limit)s = 0 OR (SELECT n FROM running) < %(limit)s)
+RETURNING id
+"""
+
+
+def job_start_in_slot(*, job_id, client_id, limit: int) -> bool:
+    """queued -> running in a slot of its client's running limit, in the caller's transaction, which then holds
+    the client's start lock until it commits. False: the job was not queued (another starter took it, or it
+    was cancelled); NotStarted: no slot is free (its transaction rolls back; the caller marks the client
+    blocked, mark_blocked)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
+        cursor.execute(_START_IN_SLOT_SQL, {"client": client_id, "job": job_id, "limit": limit})
+        if cursor.fetchone() is not None:
+            return True
+        cursor.execute("SELECT status FROM jobs_job WHERE id = %s", [job_id])
+        row = cursor.fetchone()
+    if row is not None and row[0] == QUEUED:
+        raise NotStarted(client_id, limit)
+    return False
 
 
 def _start_one(chosen: _Candidate, candidates: list[_Candidate], own, *, advance: bool = True
@@ -227,7 +261,7 @@ def _start_one(chosen: _Candidate, candidates: list[_Candidate], own, *, advance
     return Start(str(job_id), run, kind, claimed=True), running
 
 
-def _mark_blocked(client_ids: list) -> None:
+def mark_blocked(client_ids: list) -> None:
     """These clients were passed over at their running limit: the next slot each frees rings for it."""
     if client_ids:
         with connection.cursor() as cursor:

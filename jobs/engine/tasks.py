@@ -91,11 +91,13 @@ def run_stage(self, job_id: str, run: int, stage: str, rung: bool = False, doorb
             return None
         if start.job_id != job_id:  # another client's turn (or a higher priority): that job runs here
             return _run_started(self, start)
-        run, started = start.run, start.claimed  # a retried job's current run: the one this start began
+        run, started, take_slot = start.run, start.claimed, start.take_slot  # a retried job: its current run
     else:
-        started = False
+        started, take_slot = False, None
     outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
-                               chain=self.request.root_id, rung=rung, started=started)
+                               chain=self.request.root_id, rung=rung, started=started, take_slot=take_slot)
+    if isinstance(outcome, outcomes.Stop) and outcome.passed_over is not None:
+        dispatch.mark_blocked([outcome.passed_over])  # its next free slot rings for the job left queued
     return _follow(self, outcome, job_id, run)
 
 
