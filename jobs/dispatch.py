@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from jobs.engine.outcomes import NotStarted
 from jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ QUEUED = JobStatus.QUEUED.value
 
 # The clients with queued jobs (a skip scan of the partial index job_queued: one probe per client, however
 # deep each backlog is), each one's best queued priority, pass, weight, running limit and jobs holding a
-# slot; and the message's own job, when it names one.
+# slot.
 _CANDIDATES_SQL = f"""
 WITH RECURSIVE active(client_id) AS (
     (SELECT client_id FROM jobs_job WHERE status = '{QUEUED}' ORDER BY client_id LIMIT 1)
@@ -57,22 +58,37 @@ SELECT a.client_id, top.priority, t.pass, c.weight, coalesce(c.max_running, %(de
  WHERE a.client_id IS NOT NULL
 """
 
-_OWN_SQL = "SELECT status, client_id, priority, run, kind FROM jobs_job WHERE id = %s"
-
-# The client's turn row, created at its first start, locked: starts of one client's jobs are taken one at
-# a time, so the running count read next (a statement after the lock: its snapshot sees every start
-# committed by the holders before us) cannot be read by two starters at N-1 who then both start. That is
-# the race this lock closes.
-_LOCK_TURN_SQL = """
-INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at) VALUES (%s, NULL, false, NULL)
-ON CONFLICT (client_id) DO UPDATE SET blocked = jobs_clientturn.blocked
-RETURNING pass
+# The message's own job: its status, client, priority, run and kind; whether it is the only choice there is
+# (`alone`: no other client has a queued job, and none of its own client's queued jobs has a higher
+# priority; two range probes of job_queued each side of its client, so as cheap with a deep backlog); and
+# its client's figures as _CANDIDATES_SQL reads them. When it is alone, the rotation is not read at all:
+# the common case of one client's jobs, or none waiting, costs this statement and the start.
+_OWN_SQL = f"""
+SELECT j.status, j.client_id, j.priority, j.run, j.kind,
+       j.status = '{QUEUED}'
+       AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id < j.client_id)
+       AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id > j.client_id)
+       AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id = j.client_id
+                        AND q.priority > j.priority),
+       t.pass, c.weight, coalesce(c.max_running, %(default_running)s),
+       (SELECT count(*) FROM jobs_job h WHERE h.client_id = j.client_id AND h.holds_slot),
+       t.last_at
+  FROM jobs_job j JOIN jobs_client c ON c.id = j.client_id LEFT JOIN jobs_clientturn t ON t.client_id = j.client_id
+ WHERE j.id = %(own)s
 """
 
-# Under the turn's lock: the running count, and the start itself (queued -> running, holding a slot) of the
+# Starts of one client's jobs are taken one at a time: a transaction-scoped advisory lock per client, so
+# the running count read next (a statement after the lock: its snapshot sees every start committed by the
+# holders before us) cannot be read by two starters at N-1 who then both start. That is the race this lock
+# closes. An advisory lock, not the turn row's: a start of a client alone in the queue writes no turn row.
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+
+# Under that lock: the running count, and the start itself (queued -> running, holding a slot) of the
 # chosen job when the count is under the limit. SKIP LOCKED: a job another starter is taking is not waited
 # for. The status condition is re-checked on the row by the UPDATE: a job cancelled meanwhile is not
 # started. `started_at` is the moment of the start itself, after the count (not the transaction's start).
+# With `advance`, the client's turn moves on by its stride, from the row as it is now (under the lock), and
+# never more than one round behind the others (`floor`, null: none).
 _START_SQL = f"""
 WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot),
 pick AS ({{pick}} FOR UPDATE SKIP LOCKED),
@@ -84,10 +100,18 @@ started AS (
     RETURNING j.id, j.run, j.kind
 ),
 turn AS (
-    UPDATE jobs_clientturn SET pass = %(pass)s, last_at = now(), blocked = blocked AND %(limit)s > 0
-     WHERE client_id = %(client)s AND EXISTS (SELECT 1 FROM started)
+    INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at)
+    SELECT %(client)s, round((coalesce(%(floor)s::float8, 0) + %(stride)s::float8)::numeric, 9)::float8, false, now()
+     WHERE %(advance)s AND EXISTS (SELECT 1 FROM started)
+    ON CONFLICT (client_id) DO UPDATE
+       SET pass = round((greatest(coalesce(jobs_clientturn.pass, %(floor)s::float8, 0),
+                                  coalesce(%(floor)s::float8, '-infinity'::float8)) + %(stride)s::float8)::numeric, 9)::float8,
+           last_at = now(), blocked = jobs_clientturn.blocked AND %(limit)s > 0
+    RETURNING pass
 )
-SELECT (SELECT n FROM running), started.id, started.run, started.kind FROM (SELECT 1) one LEFT JOIN started ON true
+SELECT (SELECT n FROM running), started.id, started.run, started.kind, (SELECT pass FROM turn)
+  FROM (SELECT 1) one
+  LEFT JOIN started ON true
 """
 _PICK_OWN = f"SELECT id FROM jobs_job WHERE id = %(own)s AND status = '{QUEUED}'"
 _PICK_NEXT = (f"SELECT id FROM jobs_job WHERE client_id = %(client)s AND status = '{QUEUED}' AND priority = %(priority)s"
@@ -97,12 +121,15 @@ _PICK_NEXT = (f"SELECT id FROM jobs_job WHERE client_id = %(client)s AND status 
 @dataclass(frozen=True)
 class Start:
     """A job to run from its first stage: `claimed` when this call started it (queued -> running), False when
-    the message's own job was running already (a first stage sent again: run it as named)."""
+    the message's own job was running already (a first stage sent again: run it as named). `take_slot`
+    (client id, running limit): the message's own job, the only choice there is, not started yet: its
+    first transaction starts it (job_start_in_slot), so the start costs no transaction of its own."""
 
     job_id: str
     run: int
     kind: str
     claimed: bool
+    take_slot: tuple | None = None
 
 
 @dataclass
@@ -131,20 +158,30 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
     doorbell, it starts the next one. Without it, the message names the job to run (a first stage sent
     again after a back-off, a resume, a test stepping one job through): a running one runs as named, a
     queued one starts now if its client has a free slot, whoever's turn it is."""
+    params = {"default_running": settings.CLIENT_MAX_RUNNING, "own": own}
+    own_row, alone = None, False
     with connection.cursor() as cursor:
-        own_row = None
         if own is not None:
-            cursor.execute(_OWN_SQL, [own])
-            own_row = cursor.fetchone()
-            if own_row is not None and own_row[0] != QUEUED:
+            cursor.execute(_OWN_SQL, params)
+            row = cursor.fetchone()
+            if row is not None and row[0] != QUEUED:
                 if not doorbell:  # the runner decides what is left (a job that ended stops there)
-                    return Start(str(own), own_row[3], own_row[4], claimed=False)
-                own_row = None
-            elif own_row is None and not doorbell:
+                    return Start(str(own), row[3], row[4], claimed=False)
+            elif row is not None:
+                own_row, alone = row[:5], row[5]
+                own_candidate = _Candidate(row[1], row[2], *row[6:])
+            elif not doorbell:
                 return None
-        cursor.execute(_CANDIDATES_SQL, {"default_running": settings.CLIENT_MAX_RUNNING})
-        candidates = [_Candidate(*row) for row in cursor.fetchall()]
-    named = own_row is not None and not doorbell
+        if alone and doorbell and (own_candidate.limit == 0 or own_candidate.running < own_candidate.limit):
+            # The only choice there is, with a slot free when read: started in its first transaction.
+            return Start(str(own), own_row[3], own_row[4], claimed=False,
+                         take_slot=(own_candidate.client_id, own_candidate.limit))
+        if own_row is not None and (alone or not doorbell):
+            candidates = [own_candidate]  # the only choice there is, or the one the message names
+        else:
+            cursor.execute(_CANDIDATES_SQL, params)
+            candidates = [_Candidate(*row) for row in cursor.fetchall()]
+    named = own_row is not None and (alone or not doorbell)
     passed_over = []
     while candidates:
         ready = [c for c in candidates if c.limit == 0 or c.running < c.limit]
@@ -155,47 +192,76 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             break
         chosen = min(ready, key=_Candidate.order)
         mine = own_row is not None and own_row[1] == chosen.client_id and (named or own_row[2] == chosen.priority)
-        started, running = _start_one(chosen, candidates, own if mine else None)
+        started, running = _start_one(chosen, candidates, own if mine else None, advance=not alone)
         if started is not None:
-            _mark_blocked(passed_over)
+            mark_blocked(passed_over)
             return started
         if running is not None and chosen.limit and running >= chosen.limit:
             chosen.running = running  # filled meanwhile: passed over, and marked for its next free slot
             continue
         if named:
+            if alone and doorbell:  # taken by another starter: this doorbell starts whoever is next
+                return job_start(doorbell=True)
             break  # another starter took it
         if mine:
             own_row = None  # another starter took it: the client's next job instead
             continue
         candidates.remove(chosen)  # its queued jobs are all being started by others
-    _mark_blocked(passed_over)
+    mark_blocked(passed_over)
     return None
 
 
-def _start_one(chosen: _Candidate, candidates: list[_Candidate], own) -> tuple[Start | None, int | None]:
-    """Under the client's turn lock: start its job, or say its running count (None: no job was free)."""
-    stride = 1.0 / max(chosen.weight, 1)
+# The start in a caller's transaction (Start.take_slot), under the same lock as _start_one's.
+_START_IN_SLOT_SQL = f"""
+WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot)
+UPDATE jobs_job SET status = '{JobStatus.RUNNING}', holds_slot = true, started_at = clock_timestamp(), updated_at = now()
+ WHERE id = %(job)s AND status = '{QUEUED}' AND (%(limit)s = 0 OR (SELECT n FROM running) < %(limit)s)
+RETURNING id
+"""
+
+
+def job_start_in_slot(*, job_id, client_id, limit: int) -> bool:
+    """queued -> running in a slot of its client's running limit, in the caller's transaction, which then holds
+    the client's start lock until it commits. False: the job was not queued (another starter took it, or it
+    was cancelled); NotStarted: no slot is free (its transaction rolls back; the caller marks the client
+    blocked, mark_blocked)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
+        cursor.execute(_START_IN_SLOT_SQL, {"client": client_id, "job": job_id, "limit": limit})
+        if cursor.fetchone() is not None:
+            return True
+        cursor.execute("SELECT status FROM jobs_job WHERE id = %s", [job_id])
+        row = cursor.fetchone()
+    if row is not None and row[0] == QUEUED:
+        raise NotStarted(client_id, limit)
+    return False
+
+
+def _start_one(chosen: _Candidate, candidates: list[_Candidate], own, *, advance: bool = True
+               ) -> tuple[Start | None, int | None]:
+    """Under the client's start lock: start its job, or say its running count (None: no job was free).
+    `advance`: move the client's turn on (not when it is alone in the queue: a pass matters only beside
+    others', and the clamp below lifts it when others come)."""
+    # Never more than one round (1: a weight-1 client's stride) behind the other clients with work: a
+    # client back from idle (or new) takes one round's turns first (its weight's worth), not a run of
+    # them for the time it was away. Rounded, so that three strides of 1/3 make exactly 1 (a tie, then
+    # decided by who started least recently) rather than a hair less.
+    others = [c.pass_value for c in candidates if c is not chosen and c.pass_value is not None]
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_LOCK_TURN_SQL, [chosen.client_id])
-        pass_now = cursor.fetchone()[0]
-        # Never more than one round (1: a weight-1 client's stride) behind the other clients with work: a
-        # client back from idle (or new) takes one round's turns first (its weight's worth), not a run of
-        # them for the time it was away. Rounded, so that three strides of 1/3 make exactly 1 (a tie, then
-        # decided by who started least recently) rather than a hair less.
-        others = [c.pass_value for c in candidates if c is not chosen and c.pass_value is not None]
-        floor = (min(others) - 1.0) if others else (pass_now or 0.0)
-        new_pass = round(max(pass_now if pass_now is not None else floor, floor) + stride, 9)
+        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{chosen.client_id}"])
         sql = _START_SQL.replace("{pick}", _PICK_OWN if own is not None else _PICK_NEXT)
-        cursor.execute(sql, {"client": chosen.client_id, "limit": chosen.limit, "pass": new_pass, "own": own,
-                             "priority": chosen.priority})
-        running, job_id, run, kind = cursor.fetchone()
+        cursor.execute(sql, {"client": chosen.client_id, "limit": chosen.limit, "own": own, "priority": chosen.priority,
+                             "floor": (min(others) - 1.0) if others else None, "stride": 1.0 / max(chosen.weight, 1),
+                             "advance": advance})
+        running, job_id, run, kind, new_pass = cursor.fetchone()
     if job_id is None:
         return None, running
-    chosen.pass_value = new_pass
+    if new_pass is not None:
+        chosen.pass_value = new_pass
     return Start(str(job_id), run, kind, claimed=True), running
 
 
-def _mark_blocked(client_ids: list) -> None:
+def mark_blocked(client_ids: list) -> None:
     """These clients were passed over at their running limit: the next slot each frees rings for it."""
     if client_ids:
         with connection.cursor() as cursor:

@@ -276,8 +276,8 @@ class ReportChapter(models.Model):
 class ClientTurn(models.Model):
     """A client's place in the rotation of fair dispatch (jobs.dispatch): stride scheduling. Each start of one
     of its jobs moves its `pass` on by 1/weight; the client with ready work and the lowest pass goes next.
-    The row is also the lock that serialises the starts of one client's jobs, so its running limit is
-    counted by one starter at a time."""
+    Written under the client's start lock (an advisory lock, jobs.dispatch), and only while other clients
+    have work queued too."""
 
     client = models.OneToOneField(Client, on_delete=models.CASCADE, primary_key=True, related_name="turn")
     # Null until its first start: a client new to the rotation goes first, once.

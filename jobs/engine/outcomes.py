@@ -108,6 +108,16 @@ class NotYet(Exception):
         self.countdown = countdown
 
 
+class NotStarted(Exception):
+    """The job may not start now: its client has its running limit of jobs in progress (jobs.dispatch). Raised
+    by the step that starts it, in the transaction that then rolls back: nothing of the job was written, and
+    it stays queued for the slot its client frees next."""
+
+    def __init__(self, client_id, limit: int):
+        super().__init__(f"its client has {limit} jobs in progress, its limit")
+        self.client_id = client_id
+
+
 # --- what running a stage answers (the table above) ----------------------------------------------------------
 
 
@@ -129,6 +139,7 @@ class Stop:
 
     reason: str
     again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.engine.tasks.stop_upstream)
+    passed_over: object = None  # NotStarted: the client at its running limit (jobs.dispatch marks it blocked)
 
 
 class Kept(StrEnum):

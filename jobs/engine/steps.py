@@ -86,7 +86,7 @@ class StepContext:
     | `done_mark` | the runner, around a leased step's work | that work (a kind's step hands it to executor.render) |
     | `handoff` | a kind's step | a later step of the same kind, in this execution |
 
-    `rung` is set when the execution starts (the task's argument) and only read.
+    `rung`, `started` and `take_slot` are set when the execution starts (the task's arguments) and only read.
     """
 
     job: Job
@@ -95,6 +95,10 @@ class StepContext:
     owner: str = ""
     rows: dict[str, StepRow] = field(default_factory=dict)
     rung: bool = False  # a provider called back: a waiting step looks now (executor.callbacks)
+    started: bool = False  # this execution started the job (queued -> running, jobs.dispatch) just before
+    # (client id, running limit): the job starts in its first transaction, if its client has a slot
+    # (jobs.dispatch.job_start_in_slot, from the mark_running step)
+    take_slot: tuple | None = None
     # READ steps' done marks not written yet: they go out with the next transaction the runner commits
     # (jobs.engine.runner), always before anything leaves the database. A READ is safe to run again, so a mark
     # lost with a crash costs a re-read, never a result.

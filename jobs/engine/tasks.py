@@ -77,7 +77,7 @@ def _follow_started(task, outcome, start) -> None:
 def _run_started(task, start) -> None:
     first = KINDS[start.kind].recipe.stages[0].name
     outcome = runner.run_stage(job_id=start.job_id, run=start.run, stage=first, owner=task.request.id,
-                               chain=task.request.id)
+                               chain=task.request.id, started=start.claimed)
     _follow_started(task, outcome, start)
 
 
@@ -91,9 +91,13 @@ def run_stage(self, job_id: str, run: int, stage: str, rung: bool = False, doorb
             return None
         if start.job_id != job_id:  # another client's turn (or a higher priority): that job runs here
             return _run_started(self, start)
-        run = start.run  # a retried job's current run: the one this start began
+        run, started, take_slot = start.run, start.claimed, start.take_slot  # a retried job: its current run
+    else:
+        started, take_slot = False, None
     outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
-                               chain=self.request.root_id, rung=rung)
+                               chain=self.request.root_id, rung=rung, started=started, take_slot=take_slot)
+    if isinstance(outcome, outcomes.Stop) and outcome.passed_over is not None:
+        dispatch.mark_blocked([outcome.passed_over])  # its next free slot rings for the job left queued
     return _follow(self, outcome, job_id, run)
 
 

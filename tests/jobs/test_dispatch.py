@@ -5,19 +5,21 @@ ledger) are tests/jobs/test_fairness_e2e.py."""
 
 import io
 import json
+import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 
 from accounts.models import Client
 from executor.models import Attempt
 from jobs import dispatch, selectors, services
 from jobs.api.serializers import JobCreateSerializer
 from jobs.engine import chain
+from jobs.engine.outcomes import NotStarted
 from jobs.models import ClientTurn, Job, JobStatus
-from tests.conftest import media_body
+from tests.conftest import concurrently, media_body
 
 
 def _create(client, key, **body) -> Job:
@@ -30,6 +32,17 @@ def _create(client, key, **body) -> Job:
 
 def _backlog(client, count, prefix=None, **body) -> list[Job]:
     return [_create(client, f"{prefix or client.name}-{n}", **body) for n in range(count)]
+
+
+def _start_own(job_id) -> dispatch.Start:
+    """The message's own job started, as a worker does: at once, or (the only choice there is) in its first
+    transaction (Start.take_slot, done here as mark_running does it)."""
+    start = dispatch.job_start(own=job_id)
+    if start is not None and start.take_slot is not None:
+        client_id, limit = start.take_slot
+        with transaction.atomic():
+            assert dispatch.job_start_in_slot(job_id=start.job_id, client_id=client_id, limit=limit)
+    return start
 
 
 def _starts(count) -> list[Job]:
@@ -99,9 +112,14 @@ def test_priority_goes_first_and_within_a_priority_clients_take_turns():
 def test_the_message_starts_its_own_job_when_that_job_has_the_turn():
     a = Client.objects.create(name="a")
     first, second, third = _backlog(a, 3)
+    b = Client.objects.create(name="b")
+    _backlog(b, 1)  # another client waits too: the rotation is read, and the start is the message's own
+    ClientTurn.objects.create(client=b, pass_value=100.0)  # a's turn: b has had many
     start = dispatch.job_start(own=third.id)
-    assert (start.job_id, start.claimed) == (str(third.id), True)
+    assert (start.job_id, start.claimed, start.take_slot) == (str(third.id), True, None)
     # Started already: a doorbell rung for it starts the next one; a stage sent again runs it as named.
+    # (a's start lifted its pass to b's, one round: b's turn now, then a's oldest.)
+    assert dispatch.job_start(own=third.id, doorbell=True).job_id == str(b.jobs.get().id)
     assert dispatch.job_start(own=third.id, doorbell=True).job_id == str(first.id)
     again = dispatch.job_start(own=third.id, doorbell=False)
     assert (again.job_id, again.claimed) == (str(third.id), False)
@@ -195,7 +213,7 @@ def test_the_job_says_why_it_waits(api, settings):
     second = api.create(media_body(), key="second").json()
     assert api.job(first["id"])["waiting"]["reason"] == "turn"
     assert api.job(first["id"])["priority"] == 3
-    assert dispatch.job_start(own=first["id"]).job_id == first["id"]
+    assert _start_own(first["id"]).job_id == first["id"]
     waiting = api.job(second["id"])["waiting"]
     assert (waiting["reason"], waiting["running"], waiting["limit"]) == ("client_limit", 1, 1)
     # Started, and its provider at its calls in flight: held back unsent, and said so.
@@ -229,3 +247,43 @@ def test_operators_set_a_clients_limits_from_the_command_line():
     out = io.StringIO()
     call_command("client_limits", str(client.id), "--max-running", "default", stdout=out)
     assert json.loads(out.getvalue())["max_running"] == 100 and "max_running" in json.loads(out.getvalue())["defaults"]
+
+
+@pytest.mark.django_db
+def test_a_job_alone_in_the_queue_starts_in_its_first_transaction_and_only_in_a_free_slot():
+    a = Client.objects.create(name="a", max_running=1)
+    first, second = _backlog(a, 2)
+    start = dispatch.job_start(own=first.id)
+    # The only choice there is: nothing written yet, the start is its first transaction's.
+    assert (start.claimed, start.take_slot) == (False, (a.id, 1))
+    assert Job.objects.get(id=first.id).status == JobStatus.QUEUED
+    with transaction.atomic():
+        assert dispatch.job_start_in_slot(job_id=first.id, client_id=a.id, limit=1)
+    assert Job.objects.filter(id=first.id, status=JobStatus.RUNNING, holds_slot=True).exists()
+    # No slot left: refused, and the transaction it was in rolls back.
+    with pytest.raises(NotStarted), transaction.atomic():
+        dispatch.job_start_in_slot(job_id=second.id, client_id=a.id, limit=1)
+    assert Job.objects.get(id=second.id).status == JobStatus.QUEUED
+    # Not queued any more (started by another, or cancelled): not an error, nothing started.
+    with transaction.atomic():
+        assert not dispatch.job_start_in_slot(job_id=first.id, client_id=a.id, limit=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_starts_at_once_never_take_more_slots_than_the_limit():
+    a = Client.objects.create(name="a", max_running=1)
+    jobs = _backlog(a, 2)
+
+    def start(job):
+        def run():
+            try:
+                with transaction.atomic():
+                    started = dispatch.job_start_in_slot(job_id=job.id, client_id=a.id, limit=1)
+                    time.sleep(0.2)  # the lock is held to the commit: the other waits, then counts this one
+                    return started
+            except NotStarted:
+                return "refused"
+        return run
+
+    assert sorted(map(str, concurrently(start(jobs[0]), start(jobs[1])))) == ["True", "refused"]
+    assert Job.objects.filter(client=a, holds_slot=True).count() == 1
