@@ -226,7 +226,8 @@ def job_start_in_slot(*, job_id, client_id, limit: int) -> bool:
     was cancelled); NotStarted: no slot is free (its transaction rolls back; the caller marks the client
     blocked, mark_blocked)."""
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
+        if limit:  # no limit, nothing to count: no lock
+            cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
         cursor.execute(_START_IN_SLOT_SQL, {"client": client_id, "job": job_id, "limit": limit})
         if cursor.fetchone() is not None:
             return True

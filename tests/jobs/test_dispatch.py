@@ -267,6 +267,10 @@ def test_a_job_alone_in_the_queue_starts_in_its_first_transaction_and_only_in_a_
     # Not queued any more (started by another, or cancelled): not an error, nothing started.
     with transaction.atomic():
         assert not dispatch.job_start_in_slot(job_id=first.id, client_id=a.id, limit=1)
+    # No limit (0): nothing to count, it starts.
+    with transaction.atomic():
+        assert dispatch.job_start_in_slot(job_id=second.id, client_id=a.id, limit=0)
+    assert Job.objects.filter(client=a, holds_slot=True).count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
