@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "bench"
 # The order `make bench` runs them in; a new benchmark script goes here, a new helper in HELPERS.
 BENCHMARKS = ["api_create", "e2e_throughput", "in_flight", "waiting", "executor_overhead", "webhooks", "budget",
-              "report", "admin"]
+              "report", "admin", "fairness"]
 HELPERS = {"all", "figures", "receiver", "stack"}
 RESULTS = ROOT / "var" / "bench" / "results.jsonl"
 BEGIN, END = "<!-- bench:table -->", "<!-- /bench:table -->"

@@ -172,8 +172,10 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
                 own_candidate = _Candidate(row[1], row[2], *row[6:])
             elif not doorbell:
                 return None
-        if alone and doorbell and (own_candidate.limit == 0 or own_candidate.running < own_candidate.limit):
-            # The only choice there is, with a slot free when read: started in its first transaction.
+        if own_row is not None and (alone or not doorbell) and (
+                own_candidate.limit == 0 or own_candidate.running < own_candidate.limit):
+            # The only choice there is (or the job the message names), with a slot free when read: started
+            # in its first transaction.
             return Start(str(own), own_row[3], own_row[4], claimed=False,
                          take_slot=(own_candidate.client_id, own_candidate.limit))
         if own_row is not None and (alone or not doorbell):
