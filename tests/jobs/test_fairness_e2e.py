@@ -1,7 +1,8 @@
 """Fair dispatch through real processes (web, two worker processes, the sandbox): a client's running limit
-under parallel creates, a waiting render holding no slot, and priorities ordering a backlog, each checked
-against the sandbox's ledger. The rules one by one are tests/jobs/test_dispatch.py."""
+under parallel creates, a waiting render holding no slot, priorities ordering a backlog, and a deadline
+ending an unpaid queued job while a paid one goes on, each checked against the sandbox's ledger. The rules one by one are tests/jobs/test_dispatch.py."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -101,3 +102,24 @@ def test_priorities_order_a_backlog(web_stack, ledger):
         created = [at for p, at in started if p == priority]
         assert created == sorted(created)
     assert len(assert_books_balance(ledger)) == 18
+
+
+def test_a_deadline_ends_an_unpaid_queued_job_and_leaves_a_paid_one_alone(web_stack, ledger):
+    purge_queue(WEB_STACK_ENV["BROKER_URL"], "jobs")
+    api = HttpApi(web_stack.url, client_create(name="deadlines"))
+    # Queued with no worker running until its deadline has passed: it never sends its call.
+    late = api.create(media_body(input={"prompt": "late", "render_s": 0}, policy={"deadline_s": 1}), key="late")
+    time.sleep(1.5)
+    # Paid at once, then its deadline passes while it renders: never cut short.
+    paid = api.create(media_body(input={"prompt": "paid", "render_s": 6}, policy={"deadline_s": 3}), key="paid")
+    workers = _workers(1, PROVIDER_CALLBACK_BASE_URL=web_stack.url)
+    try:
+        ended_late = api.wait(late.json()["id"], timeout=60)
+        ended_paid = api.wait(paid.json()["id"], timeout=60)
+    finally:
+        stop_all(workers)
+    assert ended_late["status"] == "failed" and ended_late["error"]["code"] == "DEADLINE_EXCEEDED", ended_late
+    assert ended_late["attempts"] == [] and ended_late["cost"]["total_usd"] == "0.000000"
+    assert ended_paid["status"] == "succeeded", ended_paid["error"]
+    charges = assert_books_balance(ledger)
+    assert [charge["metadata"]["payonce_job"] for charge in charges] == [paid.json()["id"]]
