@@ -87,7 +87,7 @@ _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 # chosen job when the count is under the limit. SKIP LOCKED: a job another starter is taking is not waited
 # for. The status condition is re-checked on the row by the UPDATE: a job cancelled meanwhile is not
 # started. `started_at` is the moment of the start itself, after the count (not the transaction's start).
-# With `advance`, the client's turn moves on by its stride, from the row as it is now (under the lock), and
+# The client's turn moves on by its stride, from the row as it is now (under the lock), and
 # never more than one round behind the others (`floor`, null: none).
 _START_SQL = f"""
 WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot),
@@ -102,7 +102,7 @@ started AS (
 turn AS (
     INSERT INTO jobs_clientturn (client_id, pass, blocked, last_at)
     SELECT %(client)s, round((coalesce(%(floor)s::float8, 0) + %(stride)s::float8)::numeric, 9)::float8, false, now()
-     WHERE %(advance)s AND EXISTS (SELECT 1 FROM started)
+     WHERE EXISTS (SELECT 1 FROM started)
     ON CONFLICT (client_id) DO UPDATE
        SET pass = round((greatest(coalesce(jobs_clientturn.pass, %(floor)s::float8, 0),
                                   coalesce(%(floor)s::float8, '-infinity'::float8)) + %(stride)s::float8)::numeric, 9)::float8,
@@ -142,6 +142,9 @@ class _Candidate:
     running: int
     last_at: object
 
+    def has_slot(self) -> bool:
+        return self.limit == 0 or self.running < self.limit
+
     def order(self):
         # Highest priority first; then the lowest pass (a client new to the rotation first); then the one
         # that started least recently.
@@ -172,39 +175,31 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
                 own_candidate = _Candidate(row[1], row[2], *row[6:])
             elif not doorbell:
                 return None
-        if own_row is not None and (alone or not doorbell) and (
-                own_candidate.limit == 0 or own_candidate.running < own_candidate.limit):
-            # The only choice there is (or the job the message names), with a slot free when read: started
-            # in its first transaction.
+        if own_row is not None and (alone or not doorbell):
+            # The only choice there is (or the job the message names): started in its first transaction if
+            # its client has a slot free when read (and again there, under the lock); else passed over.
+            if not own_candidate.has_slot():
+                mark_blocked([own_candidate.client_id])
+                return None
             return Start(str(own), own_row[3], own_row[4], claimed=False,
                          take_slot=(own_candidate.client_id, own_candidate.limit))
-        if own_row is not None and (alone or not doorbell):
-            candidates = [own_candidate]  # the only choice there is, or the one the message names
-        else:
-            cursor.execute(_CANDIDATES_SQL, params)
-            candidates = [_Candidate(*row) for row in cursor.fetchall()]
-    named = own_row is not None and (alone or not doorbell)
+        cursor.execute(_CANDIDATES_SQL, params)
+        candidates = [_Candidate(*row) for row in cursor.fetchall()]
     passed_over = []
     while candidates:
-        ready = [c for c in candidates if c.limit == 0 or c.running < c.limit]
+        ready = [c for c in candidates if c.has_slot()]
         passed_over += [c.client_id for c in candidates if c not in ready]
-        if named:
-            ready = [c for c in ready if c.client_id == own_row[1]]
         if not ready:
             break
         chosen = min(ready, key=_Candidate.order)
-        mine = own_row is not None and own_row[1] == chosen.client_id and (named or own_row[2] == chosen.priority)
-        started, running = _start_one(chosen, candidates, own if mine else None, advance=not alone)
+        mine = own_row is not None and own_row[1] == chosen.client_id and own_row[2] == chosen.priority
+        started, running = _start_one(chosen, candidates, own if mine else None)
         if started is not None:
             mark_blocked(passed_over)
             return started
         if running is not None and chosen.limit and running >= chosen.limit:
             chosen.running = running  # filled meanwhile: passed over, and marked for its next free slot
             continue
-        if named:
-            if alone and doorbell:  # taken by another starter: this doorbell starts whoever is next
-                return job_start(doorbell=True)
-            break  # another starter took it
         if mine:
             own_row = None  # another starter took it: the client's next job instead
             continue
@@ -240,11 +235,10 @@ def job_start_in_slot(*, job_id, client_id, limit: int) -> bool:
     return False
 
 
-def _start_one(chosen: _Candidate, candidates: list[_Candidate], own, *, advance: bool = True
-               ) -> tuple[Start | None, int | None]:
-    """Under the client's start lock: start its job, or say its running count (None: no job was free).
-    `advance`: move the client's turn on (not when it is alone in the queue: a pass matters only beside
-    others', and the clamp below lifts it when others come)."""
+def _start_one(chosen: _Candidate, candidates: list[_Candidate], own) -> tuple[Start | None, int | None]:
+    """Under the client's start lock: start its job and move its turn on, or say its running count (None: no
+    job was free). (A client alone in the queue starts in its job's first transaction instead, with no turn
+    written: a pass matters only beside others', and the clamp below lifts it when others come.)"""
     # Never more than one round (1: a weight-1 client's stride) behind the other clients with work: a
     # client back from idle (or new) takes one round's turns first (its weight's worth), not a run of
     # them for the time it was away. Rounded, so that three strides of 1/3 make exactly 1 (a tie, then
@@ -254,8 +248,7 @@ def _start_one(chosen: _Candidate, candidates: list[_Candidate], own, *, advance
         cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{chosen.client_id}"])
         sql = _START_SQL.replace("{pick}", _PICK_OWN if own is not None else _PICK_NEXT)
         cursor.execute(sql, {"client": chosen.client_id, "limit": chosen.limit, "own": own, "priority": chosen.priority,
-                             "floor": (min(others) - 1.0) if others else None, "stride": 1.0 / max(chosen.weight, 1),
-                             "advance": advance})
+                             "floor": (min(others) - 1.0) if others else None, "stride": 1.0 / max(chosen.weight, 1)})
         running, job_id, run, kind, new_pass = cursor.fetchone()
     if job_id is None:
         return None, running
@@ -285,13 +278,13 @@ def client_unblock(*, client_id) -> None:
             [client_id, client_id])
 
 
-def job_release_slot(*, job_id) -> bool:
-    """The job stops counting against its client's running limit (it waits on its provider now). True when
-    its client was passed over at the limit: the caller rings for the client's next job."""
+def job_release_slot(*, job_id):
+    """The job stops counting against its client's running limit (it waits on its provider now). Its client's
+    id when that client was passed over at the limit (the caller rings for its next job), else None."""
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE jobs_job SET holds_slot = false WHERE id = %s AND holds_slot"
-            " RETURNING (SELECT t.blocked FROM jobs_clientturn t WHERE t.client_id = jobs_job.client_id)",
+            " RETURNING client_id, (SELECT t.blocked FROM jobs_clientturn t WHERE t.client_id = jobs_job.client_id)",
             [job_id])
         row = cursor.fetchone()
-    return bool(row and row[0])
+    return row[0] if row and row[1] else None

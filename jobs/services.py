@@ -359,8 +359,7 @@ def job_wake(*, job_id, run: int, step: str, claim) -> Wake:
 def job_release_slot(*, job_id) -> None:
     """The job waits on its provider now: it stops counting against its client's running limit, and its
     client's next job is rung for when the client was passed over at that limit (jobs.dispatch)."""
-    if dispatch.job_release_slot(job_id=job_id):
-        ring_for_client(Job.objects.filter(id=job_id).values_list("client_id", flat=True).first())
+    ring_for_client(dispatch.job_release_slot(job_id=job_id))
 
 
 def ring_for_client(client_id) -> None:

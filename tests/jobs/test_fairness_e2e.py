@@ -33,6 +33,13 @@ def _workers(count: int, **env) -> list[ProcfileProcess]:
     return workers
 
 
+def _limited_api(web_stack, max_running: int, **create) -> HttpApi:
+    """A new client with its running limit set, as an operator sets it, and its API."""
+    credentials = client_create(name="limited", **create)
+    Client.objects.filter(id=credentials["client_id"]).update(max_running=max_running)
+    return HttpApi(web_stack.url, credentials)
+
+
 def _create_all(api: HttpApi, bodies: list[tuple[dict, str]], parallel: int) -> list[str]:
     with ThreadPoolExecutor(parallel) as pool:
         created = list(pool.map(lambda item: api.create(item[0], key=item[1]), bodies))
@@ -44,9 +51,7 @@ def test_a_clients_running_limit_holds_under_200_parallel_creates_on_two_workers
     purge_queue(WEB_STACK_ENV["BROKER_URL"], "jobs")
     workers = _workers(2, PROVIDER_CALLBACK_BASE_URL=web_stack.url)
     try:
-        credentials = client_create(name="limited", monthly_cap_usd=Decimal("1000"))  # 200 renders fit under it
-        Client.objects.filter(id=credentials["client_id"]).update(max_running=4)
-        api = HttpApi(web_stack.url, credentials)
+        api = _limited_api(web_stack, 4, monthly_cap_usd=Decimal("1000"))  # 200 renders fit under the cap
         # render_s 0: each render ends with its submit's answer, so a job holds its slot from its start to its
         # end, and both are on the row.
         bodies = [(media_body(input={"prompt": f"job {n}", "render_s": 0}), f"k{n}") for n in range(200)]
@@ -66,9 +71,7 @@ def test_a_render_waiting_on_its_provider_holds_no_slot(web_stack, ledger):
     purge_queue(WEB_STACK_ENV["BROKER_URL"], "jobs")
     workers = _workers(1, PROVIDER_CALLBACK_BASE_URL=web_stack.url)
     try:
-        credentials = client_create(name="limited")
-        Client.objects.filter(id=credentials["client_id"]).update(max_running=2)
-        api = HttpApi(web_stack.url, credentials)
+        api = _limited_api(web_stack, 2)
         bodies = [(media_body(input={"prompt": f"job {n}", "render_s": 4}), f"w{n}") for n in range(8)]
         ids = _create_all(api, bodies, parallel=8)
         ended = [api.wait(job_id, timeout=120) for job_id in ids]
