@@ -10,5 +10,9 @@ def mark_running(ctx) -> dict:
         client_id, limit = ctx.take_slot
         started = dispatch.job_start_in_slot(job_id=ctx.job.id, client_id=client_id, limit=limit)
         ctx.job.holds_slot = ctx.job.holds_slot or started
+        if not started:
+            # Another doorbell started this job (or it was cancelled) between the choice and now: that
+            # doorbell's own job is left without one, so this one rings in its place (jobs.dispatch).
+            services.ring_for_client(client_id)
         return {"started": started}
     return {"started": services.job_mark_running(job_id=ctx.job.id)}

@@ -18,6 +18,8 @@ from jobs import dispatch, selectors, services
 from jobs.api.serializers import JobCreateSerializer
 from jobs.engine import chain
 from jobs.engine.outcomes import NotStarted
+from jobs.engine.steps import StepContext
+from jobs.kinds.common import mark_running
 from jobs.models import ClientTurn, Job, JobStatus
 from tests.conftest import concurrently, media_body
 
@@ -291,3 +293,20 @@ def test_two_starts_at_once_never_take_more_slots_than_the_limit():
 
     assert sorted(map(str, concurrently(start(jobs[0]), start(jobs[1])))) == ["True", "refused"]
     assert Job.objects.filter(client=a, holds_slot=True).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_job_started_by_another_doorbell_before_its_own_rings_in_that_ones_place(
+        django_capture_on_commit_callbacks, monkeypatch):
+    a = Client.objects.create(name="a")
+    mine, theirs = _backlog(a, 2)
+    start = dispatch.job_start(own=mine.id)  # the only choice there is: started in its first transaction
+    assert start.take_slot is not None
+    assert _starts(1)[0].id == mine.id  # meanwhile another doorbell (theirs) starts it: theirs is left over
+    rung = []
+    monkeypatch.setattr(chain, "ring", lambda client_id=None: rung.append(str(client_id)))
+    ctx = StepContext(job=Job.objects.get(id=mine.id), task_id="t", chain="t", take_slot=start.take_slot)
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        assert mark_running(ctx) == {"started": False}
+    assert rung == [str(a.id)]  # a doorbell in the place of the one that started this job
+    assert Job.objects.get(id=theirs.id).status == JobStatus.QUEUED
