@@ -13,7 +13,12 @@ The order (stride scheduling over the clients with queued work):
    by 1/weight, and never leaves it more than one round behind the others (a client back from idle gets
    one round's turns first, its weight's worth, not a run of turns for the time it was away);
 3. within the client, its oldest job of that priority, or the message's own job when that is one of them
-   (then nothing else need be sent for it: no cost when there is no backlog).
+   (then nothing else need be sent for it).
+
+What it costs when nobody waits on anybody: a message's own job first tries to start in its first
+transaction, where it would have been marked running anyway (job_start_first: one statement decides that
+it is the only choice and that its client has a slot). Only when it is not the only choice is the
+rotation read (job_start), in a transaction of its own.
 
 Counting every message, nothing is stranded: a job created or retried rings once; a start takes one
 doorbell; a doorbell finds nothing to start only when nothing may start. A client at its running limit
@@ -61,8 +66,8 @@ SELECT a.client_id, top.priority, t.pass, c.weight, coalesce(c.max_running, %(de
 # The message's own job: its status, client, priority, run and kind; whether it is the only choice there is
 # (`alone`: no other client has a queued job, and none of its own client's queued jobs has a higher
 # priority; two range probes of job_queued each side of its client, so as cheap with a deep backlog); and
-# its client's figures as _CANDIDATES_SQL reads them. When it is alone, the rotation is not read at all:
-# the common case of one client's jobs, or none waiting, costs this statement and the start.
+# its client's figures as _CANDIDATES_SQL reads them. Read only when the job did not start in its first
+# transaction (job_start_first, the common case, decides the same in one statement without reading this).
 _OWN_SQL = f"""
 SELECT j.status, j.client_id, j.priority, j.run, j.kind,
        j.status = '{QUEUED}'
@@ -121,15 +126,12 @@ _PICK_NEXT = (f"SELECT id FROM jobs_job WHERE client_id = %(client)s AND status 
 @dataclass(frozen=True)
 class Start:
     """A job to run from its first stage: `claimed` when this call started it (queued -> running), False when
-    the message's own job was running already (a first stage sent again: run it as named). `take_slot`
-    (client id, running limit): the message's own job, the only choice there is, not started yet: its
-    first transaction starts it (job_start_in_slot), so the start costs no transaction of its own."""
+    the message's own job was running already (a first stage sent again: run it as named)."""
 
     job_id: str
     run: int
     kind: str
     claimed: bool
-    take_slot: tuple | None = None
 
 
 @dataclass
@@ -154,7 +156,8 @@ class _Candidate:
 
 def job_start(*, own=None, doorbell: bool = True) -> Start | None:
     """Start the fairest queued job, the message's own job (`own`) when it is that one; None when nothing
-    may start now.
+    may start now. Asked when the message's own job did not start in its first transaction
+    (job_start_first), and by a doorbell with no job of its own.
 
     `doorbell`: the message was rung for a job created or retried, or by the sweeper for a queued job whose
     doorbell was lost (one per such job: the count above). Its own job already started by another
@@ -176,13 +179,20 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             elif not doorbell:
                 return None
         if own_row is not None and (alone or not doorbell):
-            # The only choice there is (or the job the message names): started in its first transaction if
-            # its client has a slot free when read (and again there, under the lock); else passed over.
+            # The only choice there is (or the job the message names): started now if its client has a slot
+            # free when read (and again under the lock); else passed over.
+            if own_candidate.has_slot():
+                started, running = _start_one(own_candidate, [], own)
+                if started is not None:
+                    return started
+                if running is not None and own_candidate.limit and running >= own_candidate.limit:
+                    own_candidate.running = running  # filled meanwhile
             if not own_candidate.has_slot():
                 mark_blocked([own_candidate.client_id])
                 return None
-            return Start(str(own), own_row[3], own_row[4], claimed=False,
-                         take_slot=(own_candidate.client_id, own_candidate.limit))
+            if not doorbell:
+                return None  # another starter took it (and runs it), or it was cancelled
+            own_row = None  # a doorbell whose job another took: it starts the fairest job instead
         cursor.execute(_CANDIDATES_SQL, params)
         candidates = [_Candidate(*row) for row in cursor.fetchall()]
     passed_over = []
@@ -208,31 +218,40 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
     return None
 
 
-# The start in a caller's transaction (Start.take_slot), under the same lock as _start_one's.
-_START_IN_SLOT_SQL = f"""
-WITH running AS (SELECT count(*) AS n FROM jobs_job WHERE client_id = %(client)s AND holds_slot)
-UPDATE jobs_job SET status = '{JobStatus.RUNNING}', holds_slot = true, started_at = clock_timestamp(), updated_at = now()
- WHERE id = %(job)s AND status = '{QUEUED}' AND (%(limit)s = 0 OR (SELECT n FROM running) < %(limit)s)
-RETURNING id
+# The start in the job's first transaction (job_start_first), the common case: the job is the only choice
+# there is (no other client has a queued job, and none of its own client's queued jobs has a higher
+# priority: three range probes of job_queued, as cheap with a deep backlog), or the message names it
+# (`only_choice` false: the probes are not planned), and its client is under its running limit. One
+# statement for the whole decision, under the client's start lock (_LOCK_SQL): nothing of the rotation is
+# read, and no turn row is written (a pass matters only beside other clients', and _start_one's clamp
+# lifts it when they come). `started_at` is the moment of the start itself, after the count.
+_START_FIRST_SQL = f"""
+UPDATE jobs_job j SET status = '{JobStatus.RUNNING}', holds_slot = true, started_at = clock_timestamp(), updated_at = now()
+ WHERE j.id = %(job)s AND j.status = '{QUEUED}'
+   AND (NOT %(only_choice)s OR (
+        NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id < %(client)s)
+    AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id > %(client)s)
+    AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id = %(client)s
+                     AND q.priority > j.priority)))
+   AND (SELECT c.max_running = 0
+               OR (SELECT count(*) FROM jobs_job h WHERE h.client_id = %(client)s AND h.holds_slot) < c.max_running
+          FROM (SELECT coalesce(max_running, %(default_running)s) AS max_running FROM jobs_client
+                 WHERE id = %(client)s) c)
+RETURNING j.id
 """
 
 
-def job_start_in_slot(*, job_id, client_id, limit: int) -> bool:
-    """queued -> running in a slot of its client's running limit, in the caller's transaction, which then holds
-    the client's start lock until it commits. False: the job was not queued (another starter took it, or it
-    was cancelled); NotStarted: no slot is free (its transaction rolls back; the caller marks the client
-    blocked, mark_blocked)."""
+def job_start_first(*, job_id, client_id, only_choice: bool) -> None:
+    """queued -> running, holding a slot of its client's running limit, in the caller's transaction (the
+    job's first), which then holds the client's start lock until it commits. `only_choice`: only if no other
+    job is fairer (a doorbell). NotStarted when it did not start (not the only choice, no slot free, or not
+    queued any more): the caller's transaction rolls back, and job_start decides."""
     with connection.cursor() as cursor:
-        if limit:  # no limit, nothing to count: no lock
-            cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
-        cursor.execute(_START_IN_SLOT_SQL, {"client": client_id, "job": job_id, "limit": limit})
-        if cursor.fetchone() is not None:
-            return True
-        cursor.execute("SELECT status FROM jobs_job WHERE id = %s", [job_id])
-        row = cursor.fetchone()
-    if row is not None and row[0] == QUEUED:
-        raise NotStarted(client_id, limit)
-    return False
+        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
+        cursor.execute(_START_FIRST_SQL, {"job": job_id, "client": client_id, "only_choice": only_choice,
+                                          "default_running": settings.CLIENT_MAX_RUNNING})
+        if cursor.fetchone() is None:
+            raise NotStarted()
 
 
 def _start_one(chosen: _Candidate, candidates: list[_Candidate], own) -> tuple[Start | None, int | None]:

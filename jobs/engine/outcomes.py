@@ -109,13 +109,11 @@ class NotYet(Exception):
 
 
 class NotStarted(Exception):
-    """The job may not start now: its client has its running limit of jobs in progress (jobs.dispatch). Raised
-    by the step that starts it, in the transaction that then rolls back: nothing of the job was written, and
-    it stays queued for the slot its client frees next."""
-
-    def __init__(self, client_id, limit: int):
-        super().__init__(f"its client has {limit} jobs in progress, its limit")
-        self.client_id = client_id
+    """The job's first transaction did not start it (jobs.dispatch.job_start_first): it is not the only choice
+    there is (another client has queued work, or a job of higher priority waits), its client has no slot
+    free, or it is no longer queued (another starter took it, or it was cancelled). Raised by the step that
+    starts it, in the transaction that then rolls back: nothing of the job was written, and the task asks
+    fair dispatch which job to start instead (jobs.dispatch.job_start)."""
 
 
 # --- what running a stage answers (the table above) ----------------------------------------------------------
@@ -139,7 +137,7 @@ class Stop:
 
     reason: str
     again_s: float | None = None  # a cancelled job's upstream work to look at again (jobs.engine.tasks.stop_upstream)
-    passed_over: object = None  # NotStarted: the client at its running limit (jobs.dispatch marks it blocked)
+    undecided: bool = False  # NotStarted: fair dispatch decides which job this message starts (jobs.engine.tasks)
 
 
 class Kept(StrEnum):

@@ -47,6 +47,7 @@ from jobs.engine.outcomes import (
 from jobs.engine.steps import (
     Claim,
     DoneMark,
+    FirstStart,
     Marked,
     StepContext,
     StepRow,
@@ -74,14 +75,20 @@ class _LostRace(Exception):
 
 
 def _load(job_id, run: int, owner: str, chain: str | None, rung: bool = False, started: bool = False,
-          take_slot: tuple | None = None) -> tuple[StepContext | None, Stop | None]:
+          start: FirstStart | None = None) -> tuple[StepContext | None, Stop | None]:
     """The job and its current run's steps; or why this execution has nothing to do."""
     job = selectors.job_with_steps(job_id)
     if job is None:
         return None, Stop("no such job")
+    if start is FirstStart.ONLY_CHOICE and (job.run != run or job.status != JobStatus.QUEUED):
+        # A doorbell whose job another doorbell started (or that ended, or was retried): it starts whichever
+        # job is the fairest instead (jobs.dispatch.job_start), never nothing.
+        return None, Stop(f"not queued (run {job.run}, {job.status})", undecided=True)
     if job.run != run:
         return None, Stop(f"run {run} was replaced by run {job.run}")
-    ctx = StepContext(job=job, task_id=owner, chain=chain or owner, rung=rung, started=started, take_slot=take_slot)
+    if job.status != JobStatus.QUEUED:
+        start = None  # a first stage sent again, its job running already: run it as named
+    ctx = StepContext(job=job, task_id=owner, chain=chain or owner, rung=rung, started=started, start=start)
     for row in job.step_rows:
         lease_until = datetime.fromisoformat(row["lease_until"]) if row["lease_until"] else None
         ctx.rows[row["name"]] = StepRow(**{**row, "lease_until": lease_until})
@@ -102,14 +109,14 @@ def _stopped(ctx: StepContext | None, stop: Stop) -> Stop:
 
 
 def run_stage(*, job_id, run: int, stage: str, owner: str, chain: str | None = None, rung: bool = False,
-              started: bool = False, take_slot: tuple | None = None):
+              started: bool = False, start: FirstStart | None = None):
     """Run a stage of a job's run, then the stages after it, inline, for as long as none has to wait: a
     render the provider finished at submit needs no message to wait for it. Answers with an outcome of
     jobs.engine.outcomes (its table says what each means for the chain). `rung`: a provider called back, so a
     waiting step looks now rather than on its schedule; `started`: the caller has just started the job
-    (jobs.dispatch), so it is running already; `take_slot`: the job starts in its first transaction, in a
-    slot of its client's running limit (Stop with `passed_over` when there is none)."""
-    ctx, stop = _load(job_id, run, owner, chain, rung, started, take_slot)
+    (jobs.dispatch), so it is running already; `start`: the job starts in its first transaction (Stop with
+    `undecided` when it may not: fair dispatch then decides, jobs.engine.tasks)."""
+    ctx, stop = _load(job_id, run, owner, chain, rung, started, start)
     if stop:
         return _stopped(ctx, stop)
     recipe = KINDS[ctx.job.kind].recipe
@@ -262,8 +269,8 @@ def _run_step(ctx: StepContext, *specs: StepSpec, fail_job: bool = True, then: S
         if not fail_job:
             raise
         return _end_run(ctx, failure, getattr(failure, "step", spec.name))
-    except NotStarted as refused:  # rolled back: the job stays queued for its client's next free slot
-        return Stop(f"not started: {refused}", passed_over=refused.client_id)
+    except NotStarted:  # rolled back, the job still queued: fair dispatch decides what this message starts
+        return Stop("not started in its first transaction", undecided=True)
 
 
 @contextmanager

@@ -48,6 +48,13 @@ class Claim(enum.Enum):
         return {RUNNING: cls.HELD, DONE: cls.DONE, FAILED: cls.FAILED}[row.status]
 
 
+class FirstStart(enum.Enum):
+    """How a run's first stage starts its queued job (jobs.dispatch.job_start_first, from mark_running)."""
+
+    ONLY_CHOICE = "only_choice"  # a doorbell: only if it is the fairest, being the only choice there is
+    NAMED = "named"  # a message that names its job (no fair dispatch, or a test running one job)
+
+
 class Marked(enum.Enum):
     """What became of a done mark the work carried (DoneMark)."""
 
@@ -86,7 +93,7 @@ class StepContext:
     | `done_mark` | the runner, around a leased step's work | that work (a kind's step hands it to executor.render) |
     | `handoff` | a kind's step | a later step of the same kind, in this execution |
 
-    `rung`, `started` and `take_slot` are set when the execution starts (the task's arguments) and only read.
+    `rung`, `started` and `start` are set when the execution starts (the task's arguments) and only read.
     """
 
     job: Job
@@ -96,9 +103,9 @@ class StepContext:
     rows: dict[str, StepRow] = field(default_factory=dict)
     rung: bool = False  # a provider called back: a waiting step looks now (executor.callbacks)
     started: bool = False  # this execution started the job (queued -> running, jobs.dispatch) just before
-    # (client id, running limit): the job starts in its first transaction, if its client has a slot
-    # (jobs.dispatch.job_start_in_slot, from the mark_running step)
-    take_slot: tuple | None = None
+    # The job starts in its first transaction, from the mark_running step (jobs.dispatch.job_start_first):
+    # only if it is the only choice there is (FirstStart.ONLY_CHOICE, its doorbell), or as named (NAMED).
+    start: "FirstStart | None" = None
     # READ steps' done marks not written yet: they go out with the next transaction the runner commits
     # (jobs.engine.runner), always before anything leaves the database. A READ is safe to run again, so a mark
     # lost with a crash costs a re-read, never a result.

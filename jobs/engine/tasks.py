@@ -12,6 +12,7 @@ from executor.cancel import sweep_cancelled
 from jobs import dispatch
 from jobs.engine import outcomes, runner, sweeper
 from jobs.engine.chain import start_run
+from jobs.engine.steps import FirstStart
 from jobs.kinds import KINDS
 
 logger = logging.getLogger(__name__)
@@ -84,20 +85,26 @@ def _run_started(task, start) -> None:
 @shared_task(name="jobs.run_stage", bind=True, max_retries=None)
 def run_stage(self, job_id: str, run: int, stage: str, rung: bool = False, doorbell: bool = False):
     if stage in FIRST_STAGES and not rung:
-        # Fair dispatch (jobs.dispatch): start the fairest queued job, this one when it is its turn.
-        start = dispatch.job_start(own=job_id, doorbell=doorbell and settings.FAIR_DISPATCH)
+        # Fair dispatch (jobs.dispatch): the job starts in its first transaction when it is the only choice
+        # there is (a doorbell) or the job named; if not, the fairest queued job starts, this one in its turn.
+        only_choice = doorbell and settings.FAIR_DISPATCH
+        outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
+                                   chain=self.request.root_id,
+                                   start=FirstStart.ONLY_CHOICE if only_choice else FirstStart.NAMED)
+        if not (isinstance(outcome, outcomes.Stop) and outcome.undecided):
+            return _follow(self, outcome, job_id, run)
+        start = dispatch.job_start(own=job_id, doorbell=only_choice)
         if start is None:  # nothing may start now (or this job was started by another doorbell)
             self.request.chain = None
             return None
         if start.job_id != job_id:  # another client's turn (or a higher priority): that job runs here
             return _run_started(self, start)
-        run, started, take_slot = start.run, start.claimed, start.take_slot  # a retried job: its current run
+        run = start.run  # a retried job: its current run
+        outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
+                                   chain=self.request.root_id, started=start.claimed)
     else:
-        started, take_slot = False, None
-    outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
-                               chain=self.request.root_id, rung=rung, started=started, take_slot=take_slot)
-    if isinstance(outcome, outcomes.Stop) and outcome.passed_over is not None:
-        dispatch.mark_blocked([outcome.passed_over])  # its next free slot rings for the job left queued
+        outcome = runner.run_stage(job_id=job_id, run=run, stage=stage, owner=self.request.id,
+                                   chain=self.request.root_id, rung=rung)
     return _follow(self, outcome, job_id, run)
 
 

@@ -20,6 +20,7 @@ from accounts.models import Client, ClientAPIKey
 from jobs import services
 from jobs.api.serializers import JobCreateSerializer
 from jobs.engine import outcomes, runner
+from jobs.engine.steps import FirstStart
 from jobs.models import JobStatus
 from tests.conftest import HOOK_URL
 from tests.support.openai_images import PATH as OPENAI_IMAGES_PATH
@@ -79,7 +80,10 @@ def media_job_statements(credentials: dict, key: str, *, models=("sandbox/video-
         assert created
         stages, index = ["prepare", "wait", "finish"], 0
         for _ in range(100):
-            outcome = runner.run_stage(job_id=job.id, run=1, stage=stages[index], owner="budget")
+            # The first stage as its doorbell runs it (jobs.engine.tasks): the job starts in its first
+            # transaction, being the only choice there is (jobs.dispatch.job_start_first).
+            first = FirstStart.ONLY_CHOICE if index == 0 else None
+            outcome = runner.run_stage(job_id=job.id, run=1, stage=stages[index], owner="budget", start=first)
             if isinstance(outcome, (outcomes.Later, outcomes.Continue)):
                 time.sleep(outcome.countdown)
                 index += isinstance(outcome, outcomes.Continue)
@@ -90,7 +94,7 @@ def media_job_statements(credentials: dict, key: str, *, models=("sandbox/video-
     return [query["sql"] for query in captured.captured_queries]
 
 
-def test_a_media_job_costs_six_write_commits_and_sixteen_statements(ledger):
+def test_a_media_job_costs_six_write_commits_and_seventeen_statements(ledger):
     """The render is finished in the submit's answer (render_s 0), as on the benchmark:
 
     | # | statement | commit |
@@ -98,17 +102,19 @@ def test_a_media_job_costs_six_write_commits_and_sixteen_statements(ledger):
     | 1 | (web) the API key with its client | |
     | 2 | (web) the job's INSERT, reading an existing row in the same statement | 1 |
     | 3 | the job with its steps, and whether it has attempts | |
-    | 4-8 | BEGIN; the job marked running; the output check's and mark_running's done marks (one INSERT); the submit step's lease; COMMIT | 2 |
-    | 9 | the attempt's intent with its reservation (nothing is reserved for a cancelled job) | 3 |
-    | 10 | the provider's acceptance and the submit step's done mark (one CTE) | 4 |
-    | 11 | the attempt's end, its settle and the wait step's done mark (one CTE) | 5 |
-    | 12-16 | BEGIN; the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
+    | 4-9 | BEGIN; its client's start lock; the job started (the only choice there is, a slot free: one statement); the output check's and mark_running's done marks (one INSERT); the submit step's lease; COMMIT | 2 |
+    | 10 | the attempt's intent with its reservation (nothing is reserved for a cancelled job) | 3 |
+    | 11 | the provider's acceptance and the submit step's done mark (one CTE) | 4 |
+    | 12 | the attempt's end, its settle and the wait step's done mark (one CTE) | 5 |
+    | 13-17 | BEGIN; the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
+
+    Fair dispatch (jobs.dispatch) costs this job the start lock: a client's starts are counted one at a time.
     """
     credentials = services.client_create(name="budget", webhook_url=HOOK_URL)
     media_job_statements(credentials, "warm-up")  # the first job pays for caches (the rate card, the store)
     statements = media_job_statements(credentials, "counted")
 
-    assert (write_commits(statements), len(statements)) == (6, 16), "\n".join(statements)
+    assert (write_commits(statements), len(statements)) == (6, 17), "\n".join(statements)
     assert len(assert_books_balance(ledger)) == 2  # one charge per job, each its attempt's
 
 
@@ -121,9 +127,9 @@ def test_an_image_answered_in_the_body_costs_six_write_commits_too(settings):
 
     | # | statement | commit |
     | ---: | --- | :---: |
-    | 1-11 | as a render finished at submit (above) | 1-5 |
-    | 12 | the bytes, read from the attempt's row for the store | |
-    | 13-18 | BEGIN; the attempt's bytes replaced by the stored key (only while it holds them); the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
+    | 1-12 | as a render finished at submit (above) | 1-5 |
+    | 13 | the bytes, read from the attempt's row for the store | |
+    | 14-19 | BEGIN; the attempt's bytes replaced by the stored key (only while it holds them); the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
     """
     with ReplayServer() as openai:
         settings.REAL_PROVIDERS, settings.OPENAI_API_KEY = True, "sk-proj-test-key"
@@ -134,7 +140,7 @@ def test_an_image_answered_in_the_body_costs_six_write_commits_too(settings):
         media_job_statements(credentials, "warm-up", **image)
         statements = media_job_statements(credentials, "counted", **image)
 
-    assert (write_commits(statements), len(statements)) == (6, 18), "\n".join(statements)
+    assert (write_commits(statements), len(statements)) == (6, 19), "\n".join(statements)
     assert len(openai.requests) == 2 and not openai.unexpected
 
 
@@ -146,7 +152,7 @@ def chapter_statements(credentials: dict, key: str) -> list[str]:
     serializer.is_valid(raise_exception=True)
     client = Client.objects.get(id=credentials["client_id"])
     job, _ = services.job_create(client=client, idempotency_key=key, data=dict(serializer.validated_data))
-    outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="budget")
+    outcome = runner.run_stage(job_id=job.id, run=1, stage="prepare", owner="budget", start=FirstStart.ONLY_CHOICE)
     assert outcome == outcomes.FanOut("chapters", ["sun", "moon"]), outcome
     with CaptureQueriesContext(connection) as captured:
         outcome = runner.run_substep(job_id=job.id, run=1, stage="chapters", key="sun", owner="budget")

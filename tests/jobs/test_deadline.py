@@ -61,7 +61,7 @@ def test_an_absolute_deadline_ends_a_job_still_queued_when_it_passes_with_nothin
     late = api.create(media_body(policy={"deadline_at": soon}), key="late").json()
     assert late["policy"]["deadline_at"].endswith("Z")
     with transaction.atomic():  # started in its first transaction, as a worker's mark_running does
-        assert dispatch.job_start_in_slot(job_id=first["id"], client_id=api.client_id, limit=1)
+        dispatch.job_start_first(job_id=first["id"], client_id=api.client_id, only_choice=True)
     assert sweeper.end_queued_past_deadline() == 0  # not yet
     Job.objects.filter(id=late["id"]).update(policy={**late["policy"], "deadline_at": "2000-01-01T00:00:00Z"})
     assert sweeper.end_queued_past_deadline() == 1

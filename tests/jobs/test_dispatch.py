@@ -16,11 +16,10 @@ from accounts.models import Client
 from executor.models import Attempt
 from jobs import dispatch, selectors, services
 from jobs.api.serializers import JobCreateSerializer
-from jobs.engine import chain
-from jobs.engine.outcomes import NotStarted
-from jobs.engine.steps import StepContext
-from jobs.kinds.common import mark_running
-from jobs.models import ClientTurn, Job, JobStatus
+from jobs.engine import chain, runner
+from jobs.engine.outcomes import NotStarted, Stop
+from jobs.engine.steps import FirstStart
+from jobs.models import ClientTurn, Job, JobStatus, Step
 from tests.conftest import concurrently, media_body
 
 
@@ -37,14 +36,15 @@ def _backlog(client, count, prefix=None, **body) -> list[Job]:
 
 
 def _start_own(job_id) -> dispatch.Start:
-    """The message's own job started, as a worker does: at once, or (the only choice there is) in its first
-    transaction (Start.take_slot, done here as mark_running does it)."""
-    start = dispatch.job_start(own=job_id)
-    if start is not None and start.take_slot is not None:
-        client_id, limit = start.take_slot
+    """What a worker does with a job's doorbell: the job starts in its first transaction when it is the only
+    choice there is (mark_running's job_start_first); else fair dispatch starts the fairest job."""
+    job = Job.objects.get(id=job_id)
+    try:
         with transaction.atomic():
-            assert dispatch.job_start_in_slot(job_id=start.job_id, client_id=client_id, limit=limit)
-    return start
+            dispatch.job_start_first(job_id=job.id, client_id=job.client_id, only_choice=True)
+        return dispatch.Start(str(job.id), job.run, job.kind, claimed=True)
+    except NotStarted:
+        return dispatch.job_start(own=job_id)
 
 
 def _starts(count) -> list[Job]:
@@ -118,7 +118,7 @@ def test_the_message_starts_its_own_job_when_that_job_has_the_turn():
     _backlog(b, 1)  # another client waits too: the rotation is read, and the start is the message's own
     ClientTurn.objects.create(client=b, pass_value=100.0)  # a's turn: b has had many
     start = dispatch.job_start(own=third.id)
-    assert (start.job_id, start.claimed, start.take_slot) == (str(third.id), True, None)
+    assert (start.job_id, start.claimed) == (str(third.id), True)
     # Started already: a doorbell rung for it starts the next one; a stage sent again runs it as named.
     # (a's start lifted its pass to b's, one round: b's turn now, then a's oldest.)
     assert dispatch.job_start(own=third.id, doorbell=True).job_id == str(b.jobs.get().id)
@@ -252,27 +252,38 @@ def test_operators_set_a_clients_limits_from_the_command_line():
 
 
 @pytest.mark.django_db
-def test_a_job_alone_in_the_queue_starts_in_its_first_transaction_and_only_in_a_free_slot():
+def test_a_job_starts_in_its_first_transaction_only_as_the_only_choice_and_in_a_free_slot():
     a = Client.objects.create(name="a", max_running=1)
     first, second = _backlog(a, 2)
-    start = dispatch.job_start(own=first.id)
-    # The only choice there is: nothing written yet, the start is its first transaction's.
-    assert (start.claimed, start.take_slot) == (False, (a.id, 1))
-    assert Job.objects.get(id=first.id).status == JobStatus.QUEUED
-    with transaction.atomic():
-        assert dispatch.job_start_in_slot(job_id=first.id, client_id=a.id, limit=1)
+
+    def start_first(job, only_choice=True) -> bool:
+        try:
+            with transaction.atomic():
+                dispatch.job_start_first(job_id=job.id, client_id=a.id, only_choice=only_choice)
+            return True
+        except NotStarted:  # and the transaction it was in rolled back
+            return False
+
+    assert start_first(first)
     assert Job.objects.filter(id=first.id, status=JobStatus.RUNNING, holds_slot=True).exists()
-    # No slot left: refused, and the transaction it was in rolls back.
-    with pytest.raises(NotStarted), transaction.atomic():
-        dispatch.job_start_in_slot(job_id=second.id, client_id=a.id, limit=1)
+    assert not start_first(second)  # no slot left
+    assert not start_first(first)  # not queued any more (started by another, or cancelled)
     assert Job.objects.get(id=second.id).status == JobStatus.QUEUED
-    # Not queued any more (started by another, or cancelled): not an error, nothing started.
-    with transaction.atomic():
-        assert not dispatch.job_start_in_slot(job_id=first.id, client_id=a.id, limit=1)
-    # No limit (0): nothing to count, it starts.
-    with transaction.atomic():
-        assert dispatch.job_start_in_slot(job_id=second.id, client_id=a.id, limit=0)
-    assert Job.objects.filter(client=a, holds_slot=True).count() == 2
+    Client.objects.filter(id=a.id).update(max_running=0)  # no limit: it starts
+    assert start_first(second)
+    # Not the only choice: another client's queued job (on either side of a's id), or a job of its own
+    # client with a higher priority. Named (no fair dispatch), it starts all the same.
+    third, urgent = _create(a, "third"), _create(a, "urgent", priority=5)
+    assert not start_first(third)
+    Job.objects.filter(id=urgent.id).update(status=JobStatus.CANCELLED)
+    assert start_first(third, only_choice=False) is True
+    fourth = _create(a, "fourth")
+    for name in ("b", "c"):
+        other = _create(Client.objects.create(name=name), name)
+        assert not start_first(fourth)
+        Job.objects.filter(id=other.id).update(status=JobStatus.CANCELLED)
+    assert start_first(fourth)
+    assert Job.objects.filter(client=a, holds_slot=True).count() == 4
 
 
 @pytest.mark.django_db(transaction=True)
@@ -284,29 +295,39 @@ def test_two_starts_at_once_never_take_more_slots_than_the_limit():
         def run():
             try:
                 with transaction.atomic():
-                    started = dispatch.job_start_in_slot(job_id=job.id, client_id=a.id, limit=1)
+                    dispatch.job_start_first(job_id=job.id, client_id=a.id, only_choice=False)
                     time.sleep(0.2)  # the lock is held to the commit: the other waits, then counts this one
-                    return started
+                    return "started"
             except NotStarted:
                 return "refused"
         return run
 
-    assert sorted(map(str, concurrently(start(jobs[0]), start(jobs[1])))) == ["True", "refused"]
+    assert sorted(concurrently(start(jobs[0]), start(jobs[1]))) == ["refused", "started"]
     assert Job.objects.filter(client=a, holds_slot=True).count() == 1
 
 
 @pytest.mark.django_db
-def test_a_job_started_by_another_doorbell_before_its_own_rings_in_that_ones_place(
-        django_capture_on_commit_callbacks, monkeypatch):
+def test_a_doorbell_whose_job_another_doorbell_started_starts_the_next_one():
     a = Client.objects.create(name="a")
     mine, theirs = _backlog(a, 2)
-    start = dispatch.job_start(own=mine.id)  # the only choice there is: started in its first transaction
-    assert start.take_slot is not None
-    assert _starts(1)[0].id == mine.id  # meanwhile another doorbell (theirs) starts it: theirs is left over
-    rung = []
-    monkeypatch.setattr(chain, "ring", lambda client_id=None: rung.append(str(client_id)))
-    ctx = StepContext(job=Job.objects.get(id=mine.id), task_id="t", chain="t", take_slot=start.take_slot)
-    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
-        assert mark_running(ctx) == {"started": False}
-    assert rung == [str(a.id)]  # a doorbell in the place of the one that started this job
-    assert Job.objects.get(id=theirs.id).status == JobStatus.QUEUED
+    assert _starts(1)[0].id == mine.id  # another doorbell (theirs) starts mine first: theirs is left over
+    # Mine's doorbell: its job is not queued, so it does not run it (no transaction is opened) ...
+    outcome = runner.run_stage(job_id=mine.id, run=1, stage="prepare", owner="t", start=FirstStart.ONLY_CHOICE)
+    assert outcome == Stop("not queued (run 1, running)", undecided=True)
+    # ... and fair dispatch starts the fairest job in its place, as the task does next.
+    assert _start_own(mine.id).job_id == str(theirs.id)
+    assert Job.objects.get(id=theirs.id).status == JobStatus.RUNNING
+
+
+@pytest.mark.django_db
+def test_a_doorbell_not_the_only_choice_is_rolled_back_whole_and_starts_the_fairest_job():
+    a, b = Client.objects.create(name="a"), Client.objects.create(name="b")
+    mine = _create(a, "mine")
+    theirs = _create(b, "theirs")
+    ClientTurn.objects.create(client=a, pass_value=100.0)  # b's turn: a has had many
+    outcome = runner.run_stage(job_id=mine.id, run=1, stage="prepare", owner="t", start=FirstStart.ONLY_CHOICE)
+    assert outcome == Stop("not started in its first transaction", undecided=True)
+    mine.refresh_from_db()
+    assert (mine.status, mine.holds_slot) == (JobStatus.QUEUED, False)
+    assert not Step.objects.filter(job=mine).exists()  # the first transaction's done marks and lease rolled back
+    assert _start_own(mine.id).job_id == str(theirs.id)
