@@ -86,6 +86,7 @@ SELECT j.status, j.client_id, j.priority, j.run, j.kind,
 # the running count read next (a statement after the lock: its snapshot sees every start committed by the
 # holders before us) cannot be read by two starters at N-1 who then both start. That is the race this lock
 # closes. An advisory lock, not the turn row's: a start of a client alone in the queue writes no turn row.
+# Its key is `payonce.client_starts:<client id>`, the key payonce_job_start_first takes too (one lock).
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 # Under that lock: the running count, and the start itself (queued -> running, holding a slot) of the
@@ -220,25 +221,12 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
 
 # The start in the job's first transaction (job_start_first), the common case: the job is the only choice
 # there is (no other client has a queued job, and none of its own client's queued jobs has a higher
-# priority: three range probes of job_queued, as cheap with a deep backlog), or the message names it
-# (`only_choice` false: the probes are not planned), and its client is under its running limit. One
-# statement for the whole decision, under the client's start lock (_LOCK_SQL): nothing of the rotation is
-# read, and no turn row is written (a pass matters only beside other clients', and _start_one's clamp
-# lifts it when they come). `started_at` is the moment of the start itself, after the count.
-_START_FIRST_SQL = f"""
-UPDATE jobs_job j SET status = '{JobStatus.RUNNING}', holds_slot = true, started_at = clock_timestamp(), updated_at = now()
- WHERE j.id = %(job)s AND j.status = '{QUEUED}'
-   AND (NOT %(only_choice)s OR (
-        NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id < %(client)s)
-    AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id > %(client)s)
-    AND NOT EXISTS (SELECT 1 FROM jobs_job q WHERE q.status = '{QUEUED}' AND q.client_id = %(client)s
-                     AND q.priority > j.priority)))
-   AND (SELECT c.max_running = 0
-               OR (SELECT count(*) FROM jobs_job h WHERE h.client_id = %(client)s AND h.holds_slot) < c.max_running
-          FROM (SELECT coalesce(max_running, %(default_running)s) AS max_running FROM jobs_client
-                 WHERE id = %(client)s) c)
-RETURNING j.id
-"""
+# priority), or the message names it (`only_choice` false), and its client is under its running limit. One
+# call of an SQL function (jobs/migrations/0012_fair_dispatch_first_start.py, where the statements and the
+# race they close are) that takes the client's start lock (_LOCK_SQL's) and decides the start in one
+# statement after it: nothing of the rotation is read, no turn row is written (a pass matters only beside
+# other clients', and _start_one's clamp lifts it when they come), and its plans are kept for the connection.
+_START_FIRST_SQL = "SELECT payonce_job_start_first(%s, %s, %s, %s)"
 
 
 def job_start_first(*, job_id, client_id, only_choice: bool) -> None:
@@ -247,10 +235,8 @@ def job_start_first(*, job_id, client_id, only_choice: bool) -> None:
     job is fairer (a doorbell). NotStarted when it did not start (not the only choice, no slot free, or not
     queued any more): the caller's transaction rolls back, and job_start decides."""
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_SQL, [f"payonce.client_starts:{client_id}"])
-        cursor.execute(_START_FIRST_SQL, {"job": job_id, "client": client_id, "only_choice": only_choice,
-                                          "default_running": settings.CLIENT_MAX_RUNNING})
-        if cursor.fetchone() is None:
+        cursor.execute(_START_FIRST_SQL, [job_id, client_id, only_choice, settings.CLIENT_MAX_RUNNING])
+        if not cursor.fetchone()[0]:
             raise NotStarted()
 
 

@@ -94,7 +94,7 @@ def media_job_statements(credentials: dict, key: str, *, models=("sandbox/video-
     return [query["sql"] for query in captured.captured_queries]
 
 
-def test_a_media_job_costs_six_write_commits_and_seventeen_statements(ledger):
+def test_a_media_job_costs_six_write_commits_and_sixteen_statements(ledger):
     """The render is finished in the submit's answer (render_s 0), as on the benchmark:
 
     | # | statement | commit |
@@ -102,19 +102,17 @@ def test_a_media_job_costs_six_write_commits_and_seventeen_statements(ledger):
     | 1 | (web) the API key with its client | |
     | 2 | (web) the job's INSERT, reading an existing row in the same statement | 1 |
     | 3 | the job with its steps, and whether it has attempts | |
-    | 4-9 | BEGIN; its client's start lock; the job started (the only choice there is, a slot free: one statement); the output check's and mark_running's done marks (one INSERT); the submit step's lease; COMMIT | 2 |
-    | 10 | the attempt's intent with its reservation (nothing is reserved for a cancelled job) | 3 |
-    | 11 | the provider's acceptance and the submit step's done mark (one CTE) | 4 |
-    | 12 | the attempt's end, its settle and the wait step's done mark (one CTE) | 5 |
-    | 13-17 | BEGIN; the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
-
-    Fair dispatch (jobs.dispatch) costs this job the start lock: a client's starts are counted one at a time.
+    | 4-8 | BEGIN; the job started under its client's start lock, being the only choice there is and having a slot (one call: jobs.dispatch.job_start_first); the output check's and mark_running's done marks (one INSERT); the submit step's lease; COMMIT | 2 |
+    | 9 | the attempt's intent with its reservation (nothing is reserved for a cancelled job) | 3 |
+    | 10 | the provider's acceptance and the submit step's done mark (one CTE) | 4 |
+    | 11 | the attempt's end, its settle and the wait step's done mark (one CTE) | 5 |
+    | 12-16 | BEGIN; the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
     """
     credentials = services.client_create(name="budget", webhook_url=HOOK_URL)
     media_job_statements(credentials, "warm-up")  # the first job pays for caches (the rate card, the store)
     statements = media_job_statements(credentials, "counted")
 
-    assert (write_commits(statements), len(statements)) == (6, 17), "\n".join(statements)
+    assert (write_commits(statements), len(statements)) == (6, 16), "\n".join(statements)
     assert len(assert_books_balance(ledger)) == 2  # one charge per job, each its attempt's
 
 
@@ -127,9 +125,9 @@ def test_an_image_answered_in_the_body_costs_six_write_commits_too(settings):
 
     | # | statement | commit |
     | ---: | --- | :---: |
-    | 1-12 | as a render finished at submit (above) | 1-5 |
-    | 13 | the bytes, read from the attempt's row for the store | |
-    | 14-19 | BEGIN; the attempt's bytes replaced by the stored key (only while it holds them); the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
+    | 1-11 | as a render finished at submit (above) | 1-5 |
+    | 12 | the bytes, read from the attempt's row for the store | |
+    | 13-18 | BEGIN; the attempt's bytes replaced by the stored key (only while it holds them); the job's end; its outbox row; the store and finish steps' done marks (one INSERT); COMMIT | 6 |
     """
     with ReplayServer() as openai:
         settings.REAL_PROVIDERS, settings.OPENAI_API_KEY = True, "sk-proj-test-key"
@@ -140,7 +138,7 @@ def test_an_image_answered_in_the_body_costs_six_write_commits_too(settings):
         media_job_statements(credentials, "warm-up", **image)
         statements = media_job_statements(credentials, "counted", **image)
 
-    assert (write_commits(statements), len(statements)) == (6, 19), "\n".join(statements)
+    assert (write_commits(statements), len(statements)) == (6, 18), "\n".join(statements)
     assert len(openai.requests) == 2 and not openai.unexpected
 
 

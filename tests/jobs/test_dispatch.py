@@ -306,6 +306,27 @@ def test_two_starts_at_once_never_take_more_slots_than_the_limit():
     assert Job.objects.filter(client=a, holds_slot=True).count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_start_in_a_first_transaction_and_a_start_by_the_rotation_take_one_lock():
+    # The SQL function's lock key and jobs.dispatch's are one: a start of the rotation while a job's first
+    # transaction holds the client's last slot, uncommitted, waits for it and then counts it.
+    a = Client.objects.create(name="a", max_running=1)
+    first, _ = _backlog(a, 2)
+
+    def in_first_transaction():
+        with transaction.atomic():
+            dispatch.job_start_first(job_id=first.id, client_id=a.id, only_choice=False)
+            time.sleep(0.5)
+        return "started"
+
+    def by_the_rotation():
+        time.sleep(0.2)  # the first transaction holds the lock by now
+        return dispatch.job_start()
+
+    assert concurrently(in_first_transaction, by_the_rotation) == ["started", None]
+    assert list(Job.objects.filter(client=a, holds_slot=True).values_list("id", flat=True)) == [first.id]
+
+
 @pytest.mark.django_db
 def test_a_doorbell_whose_job_another_doorbell_started_starts_the_next_one():
     a = Client.objects.create(name="a")
