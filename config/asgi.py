@@ -82,6 +82,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.limits import BodyLimitMiddleware  # noqa: E402 (after Django is set up)
+from config.version import VersionHeaderMiddleware  # noqa: E402
 from config.startup import refuse_to_serve_with_development_settings  # noqa: E402
 
 # Before serving anything: never with the repository's SECRET_KEY when DEBUG is off (config.startup).
@@ -89,7 +90,7 @@ refuse_to_serve_with_development_settings(settings)
 
 django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 
-# /healthz and /readyz in front of everything (operators.probes says why), named by string as config.urls
-# names the apps: config imports no app.
-application = import_string("operators.probes.ProbesMiddleware")(
-    BodyLimitMiddleware(ASGIStaticFilesHandler(django_application)))
+# /healthz and /readyz in front of everything but the version header (operators.probes says why), named by
+# string as config.urls names the apps: config imports no app.
+application = VersionHeaderMiddleware(import_string("operators.probes.ProbesMiddleware")(
+    BodyLimitMiddleware(ASGIStaticFilesHandler(django_application))))

@@ -13,6 +13,7 @@
  */
 
 import { APIConnectionError, APIError, PayonceError, errorFromAnswer, parseRetryAfter } from "./errors.js";
+import { VERSION } from "./version.js";
 
 export type RetryMode = "idempotent" | "unsent";
 
@@ -146,7 +147,12 @@ export class Transport {
   async send(call: Call): Promise<Answer> {
     const url = this.urlOf(call.path);
     const sameOrigin = new URL(url).origin === this.origin;
-    const headers: Record<string, string> = { Accept: "application/json", ...call.headers };
+    // User-Agent names this library and its version (a browser may keep its own: it is not an error).
+    const headers: Record<string, string> = {
+      Accept: "application/json",
+      "User-Agent": `payonce-client-typescript/${VERSION}`,
+      ...call.headers,
+    };
     if (call.auth !== false && sameOrigin) headers.Authorization = `Bearer ${this.#apiKey}`;
     if (call.body !== undefined) headers["Content-Type"] = "application/json";
     let maybeActed = false;

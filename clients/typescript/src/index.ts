@@ -4,6 +4,7 @@
  */
 
 export { Payonce, Jobs, Orders, ReportTemplates, SETTLED_STATUSES } from "./client.js";
+export { VERSION } from "./version.js";
 export type { PayonceOptions, RequestOptions, ListOptions, WaitOptions, EventsOptions, ReportOptions } from "./client.js";
 export * from "./errors.js";
 export { verifyWebhook, signWebhook, WebhookDeduper } from "./webhooks.js";
