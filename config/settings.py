@@ -139,6 +139,15 @@ _database["CONN_HEALTH_CHECKS"] = env_bool("DB_HEALTH_CHECKS", False)
 DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# `manage.py migrate` (operators/management/commands/migrate.py): over a direct connection to the primary
+# when MIGRATE_DATABASE_URL names one (not a PgBouncer: a migration's long statements and its session
+# settings belong on a connection of its own), and with a lock_timeout, so that a migration that cannot
+# have its lock at once fails in that time instead of queueing every query of the running release behind
+# it; a statement_timeout too when set (0: none, since moving data may take long). Its flags override both.
+MIGRATE_DATABASE = database_from_url(env_str("MIGRATE_DATABASE_URL", "")) if env_str("MIGRATE_DATABASE_URL", "") else None
+MIGRATE_LOCK_TIMEOUT_S = env_float("MIGRATE_LOCK_TIMEOUT_S", 5.0, minimum=0)
+MIGRATE_STATEMENT_TIMEOUT_S = env_float("MIGRATE_STATEMENT_TIMEOUT_S", 0.0, minimum=0)
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
