@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from jobs.engine import chain
 from jobs.engine.outcomes import NotStarted
 from jobs.models import JobStatus
 
 logger = logging.getLogger(__name__)
 
 QUEUED = JobStatus.QUEUED.value
+RING_AGAIN_S = 1.0  # a doorbell that found its choices locked rings again after this (job_start)
 
 # The clients with queued jobs (a skip scan of the partial index job_queued: one probe per client, however
 # deep each backlog is), each one's best queued priority, pass, weight, running limit and jobs holding a
@@ -166,7 +168,7 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
     again after a back-off, a resume, a test stepping one job through): a running one runs as named, a
     queued one starts now if its client has a free slot, whoever's turn it is."""
     params = {"default_running": settings.CLIENT_MAX_RUNNING, "own": own}
-    own_row, alone = None, False
+    own_row, alone, skipped = None, False, False
     with connection.cursor() as cursor:
         if own is not None:
             cursor.execute(_OWN_SQL, params)
@@ -194,6 +196,7 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             if not doorbell:
                 return None  # another starter took it (and runs it), or it was cancelled
             own_row = None  # a doorbell whose job another took: it starts the fairest job instead
+            skipped = True
         cursor.execute(_CANDIDATES_SQL, params)
         candidates = [_Candidate(*row) for row in cursor.fetchall()]
     passed_over = []
@@ -215,7 +218,14 @@ def job_start(*, own=None, doorbell: bool = True) -> Start | None:
             own_row = None  # another starter took it: the client's next job instead
             continue
         candidates.remove(chosen)  # its queued jobs are all being started by others
+        skipped = True
     mark_blocked(passed_over)
+    if skipped and doorbell:
+        # A queued job passed over because its row was locked is taken to be starting elsewhere; should the
+        # lock's holder not start it after all (its transaction rolled back, or it only touched the row),
+        # this doorbell would be lost with it. So it rings once more, a moment later: at worst a spare
+        # doorbell, which starts nothing.
+        chain.ring(countdown=RING_AGAIN_S)
     return None
 
 

@@ -38,10 +38,10 @@ def start_created(job_id, run: int, kind: str) -> None:
     start_run(job_id, run, kind, doorbell=True)
 
 
-def ring(client_id=None) -> None:
+def ring(client_id=None, countdown: float | None = None) -> None:
     """A doorbell of fair dispatch with no job of its own: start the fairest queued job (jobs.dispatch).
-    `client_id`: the client whose freed slot rang it."""
-    app.send_task(START_NEXT, (str(client_id) if client_id else None,))
+    `client_id`: the client whose freed slot rang it; `countdown`: rung again after a while."""
+    app.send_task(START_NEXT, (str(client_id) if client_id else None,), countdown=countdown)
 
 
 def stop_upstream(job_id, run: int, countdown: float | None = None) -> None:

@@ -1,16 +1,27 @@
-"""`manage.py migrate`, Django's, run so that it cannot stall the release that is serving (docs/operating.md,
-"Releasing"): every connection it opens has a `lock_timeout` (MIGRATE_LOCK_TIMEOUT_S, `--lock-timeout`) and a
+"""`manage.py migrate`, Django's, which first creates the database if it is missing, run so that it cannot
+stall the release that is serving (docs/operating.md, "Releasing"): every connection it opens has a `lock_timeout` (MIGRATE_LOCK_TIMEOUT_S, `--lock-timeout`) and a
 `statement_timeout` (MIGRATE_STATEMENT_TIMEOUT_S, `--statement-timeout`; 0 is none), and it goes over
 MIGRATE_DATABASE_URL, a direct connection to the primary, when that is set. A migration whose lock is not
 free within the timeout fails, having changed nothing (each migration is its own transaction), and can be
 run again; without one, its ALTER TABLE would wait in the lock queue with every query of the running
 release waiting behind it."""
 
+import psycopg
 from django.conf import settings
 from django.core.management.base import CommandError
 from django.core.management.commands.migrate import Command as DjangoMigrate
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.signals import connection_created
+
+from config.db import ensure_database
+
+# Stock Debian, Ubuntu and Fedora PostgreSQL know only the `postgres` role: the default DATABASE_URL,
+# which names no user, connects as the login user and is refused. One line says what to do instead of a
+# traceback.
+HINT = ("DATABASE_URL must name a PostgreSQL role that may create databases (README.md, Requirements): on "
+        "Debian or Ubuntu `sudo -u postgres createuser --createdb --pwprompt $USER`, then "
+        "DATABASE_URL=postgres://$USER:<password>@127.0.0.1:5432/payonce; where the server trusts local "
+        "connections, DATABASE_URL=postgres://postgres@127.0.0.1:5432/payonce")
 
 
 def _timeout(value, name: str) -> float:
@@ -37,6 +48,7 @@ class Command(DjangoMigrate):
         alias = options["database"]
         if settings.MIGRATE_DATABASE is not None and alias == DEFAULT_DB_ALIAS:
             _direct(connections[alias], settings.MIGRATE_DATABASE)
+        self._ensure_database(connections[alias].settings_dict)
 
         def bounded(sender, connection, **kwargs):
             if connection.alias == alias:
@@ -52,6 +64,17 @@ class Command(DjangoMigrate):
             connection = connections[alias]
             if connection.connection is not None and not connection.needs_rollback:
                 _set(connection, "DEFAULT", "DEFAULT")  # the caller's connection as it was (call_command)
+
+
+    def _ensure_database(self, database: dict) -> None:
+        try:
+            created = ensure_database(database)
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"DATABASE_URL {database.get('USER') or '(the login user)'}@{database.get('HOST') or 'localhost'}: "
+                               f"{first}\n{HINT}") from exc
+        if created:
+            self.stdout.write(f"Created database {database['NAME']!r}.")
 
 
 def _set(connection, lock: str, statement: str) -> None:
