@@ -63,7 +63,7 @@ class Command(DjangoMigrate):
             connection_created.disconnect(bounded)
             connection = connections[alias]
             if connection.connection is not None and not connection.needs_rollback:
-                _set(connection, "DEFAULT", "DEFAULT")  # the caller's connection as it was (call_command)
+                _reset(connection)  # the caller's connection as it was (call_command)
 
 
     def _ensure_database(self, database: dict) -> None:
@@ -79,12 +79,14 @@ class Command(DjangoMigrate):
 
 def _set(connection, lock: str, statement: str) -> None:
     with connection.cursor() as cursor:
-        if lock == "DEFAULT":
-            cursor.execute("RESET lock_timeout")
-            cursor.execute("RESET statement_timeout")
-        else:
-            cursor.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-                           [lock, statement])
+        cursor.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                       [lock, statement])
+
+
+def _reset(connection) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("RESET lock_timeout")
+        cursor.execute("RESET statement_timeout")
 
 
 def _direct(connection, database: dict) -> None:
