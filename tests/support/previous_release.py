@@ -5,11 +5,12 @@ The checkout is a `git worktree` of the commit under var/previous-release/<commi
 git and outside pytest's testpaths), made once and shared by every pytest-xdist worker and storm behind a
 file lock. It runs on this checkout's virtualenv (a release's requirements only grow; `requirements_differ`
 says when they did not) and, for the TypeScript client, on this checkout's node_modules when the two
-package-lock.json files are the same, else on its own `npm ci`."""
+package-lock.json files name the same dependencies, else on its own `npm ci`."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -72,10 +73,18 @@ def _typescript(path: Path) -> None:
     ours, theirs = REPO_ROOT / "clients/typescript", path / "clients/typescript"
     if not theirs.exists():
         return
-    if (ours / "package-lock.json").read_text() == (theirs / "package-lock.json").read_text():
+    if _dependencies(ours) == _dependencies(theirs):
         _link(theirs / "node_modules", ours / "node_modules")
     else:
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=theirs, check=True, capture_output=True)
+
+
+def _dependencies(package: Path) -> dict:
+    """package-lock.json without the package's own version, which every release changes."""
+    lock = json.loads((package / "package-lock.json").read_text())
+    lock.pop("version", None)
+    lock.get("packages", {}).get("", {}).pop("version", None)
+    return lock
 
 
 def _link(link: Path, target: Path) -> None:
