@@ -2,6 +2,7 @@
 worker process, so a broken receiver never slows paid work (docs/operating.md,
 "Running on several machines")."""
 
+import logging
 import os
 import time
 from functools import lru_cache
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from celery import Celery, signals
 from celery.beat import PersistentScheduler
+from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Exchange, Queue
 
 from config import logs
@@ -25,10 +27,42 @@ _default = Exchange("", type="direct")
 app.conf.task_queues = (Queue("jobs", _default, routing_key="jobs"), Queue("webhooks", _default, routing_key="webhooks"))
 app.conf.task_default_exchange = ""
 app.conf.task_default_routing_key = "jobs"
+app.conf.worker_consumer = "config.celery:Consumer"  # a message of a newer release is kept (below)
 app.autodiscover_tasks()
 # Autodiscovery looks for `<app>.tasks`; the jobs tasks live in the engine's room (jobs/engine/tasks.py),
 # so name that package too, or a worker would start without them and drop every job message it is sent.
 app.autodiscover_tasks(["jobs.engine"])
+
+
+logger = logging.getLogger("payonce.worker")
+
+# How long a worker holds a message whose task it does not know before it gives it back to its queue.
+UNKNOWN_TASK_AGAIN_S = 2.0
+
+
+class Consumer(CeleryConsumer):
+    """Celery's consumer, but a message whose task this worker does not know is given back, not dropped.
+
+    In a rolling deploy two releases' workers consume one queue for minutes (docs/operating.md,
+    "Upgrading"). Celery rejects a message naming a task it has not registered without requeueing it
+    (and marks it failed): a newer release's message would be lost on an older worker, and its job wait
+    for a sweep to ring its row again. Here the worker holds the message, unacknowledged (a crash gives it
+    back too), for UNKNOWN_TASK_AGAIN_S, then rejects it with requeue, so a worker that knows the task
+    takes it; while only workers that do not know it run, it goes round every UNKNOWN_TASK_AGAIN_S at
+    the cost of one message, never lost. A release sends only tasks the release before knows
+    (tests/project/test_release_tasks.py), so this is the net under a deploy that skipped a release."""
+
+    def on_unknown_task(self, body, message, exc):
+        name = (message.headers or {}).get("task") or "?"
+        logger.warning("task %s is not known to this release: given back to its queue in %s s for a worker "
+                       "that knows it", name, UNKNOWN_TASK_AGAIN_S)
+        self.timer.call_after(UNKNOWN_TASK_AGAIN_S, self._give_back, (message,))
+
+    def _give_back(self, message) -> None:
+        try:
+            message.reject(requeue=True)
+        except self.connection_errors:  # the connection is gone: the broker gives it back itself
+            logger.warning("an unknown task's message could not be given back: the broker returns it unacknowledged")
 
 
 @signals.setup_logging.connect

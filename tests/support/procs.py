@@ -44,8 +44,8 @@ def per_worker(name: str) -> str:
     return f"{name}_{worker}" if worker else name
 
 
-def procfile_command(name: str) -> str:
-    for line in (REPO_ROOT / "Procfile").read_text().splitlines():
+def procfile_command(name: str, root: Path = REPO_ROOT) -> str:
+    for line in (root / "Procfile").read_text().splitlines():
         if line.startswith(f"{name}:"):
             return line.split(":", 1)[1].strip()
     raise KeyError(f"no {name!r} process in the Procfile")
@@ -101,18 +101,21 @@ class ProcfileProcess:
     `env` goes on top of `base`, the environment of a stack (payonce_env), or, without one, of the test
     session (process_env); either is read at each start. `command` replaces the Procfile's, `wrap` turns
     the argv into one run elsewhere (a network namespace of the storm's), and `ready` is the log line that
-    says the process is up, for a process that serves no HTTP."""
+    says the process is up, for a process that serves no HTTP. `root` is the checkout whose code it runs
+    (this one, or the previous release's: tests/support/previous_release.py), read at each start, so a
+    process can be started again on another release's code."""
 
     READY = {"worker": " ready.", "webhooks": " ready.", "beat": "beat: Starting"}
 
     def __init__(self, name: str, env: dict | None = None, command: str | None = None, *,
                  base: dict | None = None, log_dir: Path | None = None,
                  wrap: Callable[[list[str]], list[str]] | None = None, ready: str | None = None,
-                 start_timeout: float = 30.0):
+                 start_timeout: float = 30.0, root: Path = REPO_ROOT):
         self.name = name
+        self.root = root
         self.env = dict(env or {})
         self.base = base
-        self.command = command or procfile_command(name)
+        self.command = command or procfile_command(name, root)
         self.wrap = wrap
         self.ready = ready if ready is not None else self.READY.get(name)
         self.start_timeout = start_timeout
@@ -149,7 +152,7 @@ class ProcfileProcess:
         self.offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         argv = ["bash", "-c", f"exec {self.command}"]  # exec: the shell becomes the process, same PID
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.wrap(argv) if self.wrap else argv, cwd=REPO_ROOT, env=environ,
+            self.proc = subprocess.Popen(self.wrap(argv) if self.wrap else argv, cwd=self.root, env=environ,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         return self
