@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: python install install-dev browser pgbouncer migrate run test test-quick bench fuzz-api chaos chaos-pinned clean
+.PHONY: python install install-dev browser pgbouncer migrate run test test-quick bench fuzz-api chaos chaos-upgrade chaos-pinned clean
 
 # One line, before pip fails deep inside a package that needs a newer Python (macOS's python3 is 3.9).
 python:
@@ -114,6 +114,13 @@ fuzz-api: install-dev migrate
 # BROKER=amqp runs it on RabbitMQ, HOSTS=1 puts every process in a network namespace of its own (root).
 chaos: install-dev
 	$(BIN)/python -m tests.chaos $(if $(BROKER),--broker $(BROKER)) $(if $(filter 1,$(HOSTS)),--hosts) $(CHAOS_ARGS)
+
+# The upgrade storm (tests/chaos/upgrade.py): the stack starts on the previous release's code
+# (deploy/previous-release, checked out under var/previous-release/), and while 150 paid jobs run, this
+# release's migrations run, then web, the workers, webhooks and beat move to this checkout one at a time,
+# the workers go back to the old code and forward again. CHAOS_SEED=N replays one.
+chaos-upgrade: install-dev
+	$(BIN)/python -m tests.chaos.upgrade $(CHAOS_ARGS)
 
 # Every storm seed that once failed (tests/chaos/pinned.py), replayed one after another.
 chaos-pinned: install-dev

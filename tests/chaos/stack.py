@@ -30,6 +30,9 @@ class Stack:
         self.broker, self.database, self.redis_db, self.hosts, self.workers = broker, database, redis_db, hosts, workers
         self.workdir = Path(tempfile.mkdtemp(prefix="payonce-chaos-"))
         self.procs: dict[str, ProcfileProcess] = {}
+        # The checkout whose code payonce's processes and manage.py run: this one, or for the upgrade storm
+        # the previous release's at first (tests/chaos/upgrade.py). The sandbox, the provider, is this one's.
+        self.root = REPO_ROOT
         self.moto = None
         gateway = hosts.gateway if hosts else "127.0.0.1"
         self.service_host = gateway  # where PostgreSQL, Redis, RabbitMQ, the sandbox and S3 are reached
@@ -122,7 +125,7 @@ class Stack:
                             aws_secret_access_key="chaos", region_name="us-east-1")
 
     def manage(self, *args: str) -> str:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.local_env, check=True,
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=self.root, env=self.local_env, check=True,
                               capture_output=True, text=True).stdout
 
     def create_client(self, name: str, webhook_url: str, cap: str) -> dict:
@@ -133,7 +136,7 @@ class Stack:
         but for the sandbox, which stays in the root namespace with the other services."""
         wrap = (lambda argv: self.hosts.command(name, argv)) if self.hosts and name != "sandbox" else None
         return ProcfileProcess(name, env, command, base=self.env, log_dir=self.workdir, wrap=wrap, ready=ready,
-                               start_timeout=START_TIMEOUT_S)
+                               start_timeout=START_TIMEOUT_S, root=REPO_ROOT if name == "sandbox" else self.root)
 
     def start(self) -> None:
         self.procs["sandbox"] = self._process("sandbox", SANDBOX_HOST=self.service_host,

@@ -81,6 +81,10 @@ class Record:
 
 
 class Storm:
+    @staticmethod
+    def submit_s(jobs: int) -> float:
+        return max(20.0, jobs / 6)  # about 6 jobs a second
+
     def __init__(self, args):
         self.args = args
         self.plan: Plan = make_plan(args.seed, args.jobs, args.submit_s)
@@ -105,8 +109,7 @@ class Storm:
             from tests.chaos.hosts import Hosts
 
             self.hosts = Hosts(["web", "worker0", "worker1", "webhooks", "beat"]).__enter__()
-        self.stack = Stack(broker=args.broker, database=args.database, redis_db=args.redis_db, hosts=self.hosts,
-                           redis=args.redis)
+        self.stack = self.make_stack()
         ok = False
         try:
             self.stack.prepare()
@@ -131,6 +134,11 @@ class Storm:
             if self.hosts:
                 self.hosts.__exit__(None, None, None)
         return 0 if ok else 1
+
+    def make_stack(self) -> Stack:
+        args = self.args
+        return Stack(broker=args.broker, database=args.database, redis_db=args.redis_db, hosts=self.hosts,
+                     redis=args.redis)
 
     def _storm(self) -> bool:
         sampler = threading.Thread(target=self._sample_caps, daemon=True)
@@ -614,15 +622,16 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.chaos")
+def main(argv=None, storm=Storm, prog="python -m tests.chaos", database="payonce_chaos", jobs=500) -> int:
+    """`storm`: the storm to run (the upgrade storm, tests/chaos/upgrade.py, is one), with its defaults."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6)))
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("CHAOS_JOBS", 500)))
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("CHAOS_JOBS", jobs)))
     parser.add_argument("--submit-s", type=float, default=None, help="jobs arrive over this many seconds")
     parser.add_argument("--settle-s", type=float, default=240)
     parser.add_argument("--broker", choices=("redis", "amqp"), default=os.environ.get("BROKER", "redis") or "redis")
     parser.add_argument("--hosts", action="store_true", default=os.environ.get("HOSTS") == "1")
-    parser.add_argument("--database", default="payonce_chaos",
+    parser.add_argument("--database", default=database,
                         help="the database's name in the storm's own PostgreSQL server, and the RabbitMQ vhost's")
     parser.add_argument("--redis-db", type=int, default=5)
     parser.add_argument("--redis", default="127.0.0.1:6379",
@@ -631,5 +640,5 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     args = parser.parse_args(argv)
     if args.submit_s is None:
-        args.submit_s = max(20.0, args.jobs / 6)  # about 6 jobs a second
-    return Storm(args).run()
+        args.submit_s = storm.submit_s(args.jobs)
+    return storm(args).run()
