@@ -15,6 +15,9 @@ while they run, as docs/operating.md "Upgrading" says a deploy goes:
    `webhooks` and `beat`;
 4. the workers rolled back onto the old code, with the new schema in place, and forward again.
 
+Half the reports are sent as paid orders (`POST /v1/orders`, with the buyer's email in the input too,
+as the contract allows: a release once refused it), so orders cross the deploy as well.
+
 It checks from the outside, with the storm's checks (tests/chaos/checks.py): every create answered
 201/202 exists and ends, 0 duplicate paid calls, the books to the cent, every event delivered at least
 once under its stable id, the cap and the running limits held, no 5xx. It prints the deploy's own figures:
@@ -26,6 +29,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+
+import requests
 
 from tests.chaos import checks
 from tests.chaos.balancer import Balancer
@@ -104,6 +109,7 @@ class UpgradeStorm(Storm):
         self.old = previous_release.worktree()
         self.plan.events = [event for event in self.plan.events if event.kind in KEPT]
         self.steps: list[dict] = []
+        self.orders = 0  # answers to orders
 
     def make_stack(self) -> Stack:
         args = self.args
@@ -121,6 +127,39 @@ class UpgradeStorm(Storm):
         finally:
             deploy.join()
         return self._report() and ok
+
+    # -- orders --------------------------------------------------------------------------------------
+
+    def _post(self, job) -> None:
+        """Every other report is a paid order: its payment is the job's key, and its answer's `job_id` is
+        the job the checks follow (an order sent again is the same order, 200, and the same job)."""
+        if job.family != "report" or job.n % 2:
+            return super()._post(job)
+        report = job.body["input"]
+        body = {"payment_id": job.key, "run_id": job.key, "product": "storm-report", "email": report["email"],
+                "input": {"subject": report["subject"], "chapters": report["chapters"], "email": report["email"]}}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                response = self.api("POST", job.client, "/v1/orders", json=body)
+            except requests.RequestException as exc:
+                self.record.post_errors[type(exc).__name__] += 1
+            else:
+                if response.status_code in (200, 201):
+                    job_id = response.json()["job_id"]
+                    with self.lock:
+                        self.record.answers[job.key].append((response.status_code, job_id))
+                        self.record.job_ids.setdefault(job.key, job_id)
+                        self.orders += 1
+                    return
+                if response.status_code < 500 and response.status_code != 429:
+                    with self.lock:
+                        self.record.unexpected.append((job.key, response.status_code, response.text[:300]))
+                    return
+                self.record.post_errors[f"http_{response.status_code}"] += 1
+            time.sleep(0.5)
+        with self.lock:
+            self.record.unexpected.append((job.key, "no answer", "gave up after 120 s"))
 
     # -- the deploy ----------------------------------------------------------------------------------
 
@@ -176,6 +215,8 @@ class UpgradeStorm(Storm):
                 after = [t for t, sig in history if t > step["at"]]
                 if after:
                     waits.append(after[0] - step["at"])
+        print(f"orders: {self.orders} answered of {sum(1 for job in self.plan.jobs if job.family == 'report' and not job.n % 2)}"
+              " reports sent as orders", flush=True)
         print(f"deploy: {len(self.steps)} steps of {len(DEPLOY)}; jobs in flight at each: "
               + ", ".join(f"{step['step']} {step['in_flight']}" for step in self.steps), flush=True)
         print(f"deploy: 5xx answers during the steps {len(errors_5xx)} (in all {len(self.record.server_errors)}); "
