@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 from django_migration_linter import IgnoreMigration, MigrationLinter
 from django_migration_linter.constants import DJANGO_APPS_WITH_MIGRATIONS
@@ -53,9 +54,27 @@ def _check_scans_existing_rows(sql_statements: list[str], **kwargs) -> bool:
     return False
 
 
+def _adds_unique(sql_statements: list[str], **kwargs) -> bool:
+    """The linter's ADD_UNIQUE, which also sees a unique index on a table named without quotes (as a
+    hand-written RunSQL names it): its own looks only for a quoted name."""
+    for sql in sql_statements:
+        added = (re.search(r"ALTER TABLE (\S+) ADD CONSTRAINT .* UNIQUE", sql)
+                 or re.search(r"CREATE UNIQUE INDEX .*ON (?:ONLY )?(\S+)", sql))
+        if added and not any(earlier.startswith(f"CREATE TABLE {added[1]}") for earlier in sql_statements):
+            return True
+    return False
+
+
 class PayonceAnalyser(PostgresqlAnalyser):
-    """The linter's PostgreSQL checks, and one it lacks: a CHECK constraint validated as it is added."""
+    """The linter's PostgreSQL checks, one of them widened (ADD_UNIQUE), and one it lacks: a CHECK
+    constraint validated as it is added."""
     migration_checks = [*PostgresqlAnalyser.migration_checks, Check(
+        code="ADD_UNIQUE",
+        fn=_adds_unique,
+        message="ADDING unique constraint",
+        mode=CheckMode.TRANSACTION,
+        type=CheckType.ERROR,
+    ), Check(
         code="ADD_CHECK_CONSTRAINT",
         fn=_check_scans_existing_rows,
         message="ADD CONSTRAINT ... CHECK reads every row under the table's lock: add it NOT VALID, "
@@ -115,8 +134,6 @@ def _malformed(exceptions) -> str | None:
 def new_since(release: Release) -> list[tuple[str, str]]:
     """The migrations of this checkout's apps on disk (committed or not) whose file the release did not
     have."""
-    from django.db.migrations.loader import MigrationLoader
-
     loader, released, new = MigrationLoader(None, ignore_no_migrations=True), {}, []
     for key, migration in loader.disk_migrations.items():
         path = Path(sys.modules[migration.__module__].__file__).resolve()
@@ -190,7 +207,8 @@ def planted(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def plant(body: str) -> list[str]:
-        (app / "migrations" / "0002_planted.py").write_text(PLANTED_HEAD + textwrap.indent(textwrap.dedent(body), "    "))
+        body = textwrap.indent(textwrap.dedent(body), "    ")
+        (app / "migrations" / "0002_planted.py").write_text(PLANTED_HEAD + body)
         importlib.invalidate_caches()
         judged, failures = lint([("planted", "0002_planted")])
         assert judged == 1
@@ -213,6 +231,23 @@ UNSAFE = {
     "NOT NULL column with a Python default only": (
         'operations = [migrations.AddField("ledger", "currency", models.CharField(max_length=3, default="EUR"))]',
         "NOT NULL constraint on columns"),
+    # The contract step of a new column: PostgreSQL reads every row under the table's lock, and the
+    # linter cannot know that every row is filled (an exception says so).
+    "NOT NULL set on an existing column": (
+        'operations = [migrations.AlterField("ledger", "note", models.TextField())]',
+        "NOT NULL constraint on columns"),
+    # Concurrently or not, the old code may write what the new constraint refuses (an exception says why
+    # it cannot).
+    "unique index built concurrently": (
+        'atomic = False\n'
+        'operations = [migrations.RunSQL(\n'
+        '    "CREATE UNIQUE INDEX CONCURRENTLY planted_amount ON planted_ledger (amount)",\n'
+        '    "DROP INDEX CONCURRENTLY planted_amount")]',
+        "ADDING unique constraint"),
+    "unique constraint": (
+        'operations = [migrations.AddConstraint("ledger", models.UniqueConstraint('
+        'fields=["amount"], name="planted_amount_unique"))]',
+        "ADDING unique constraint"),
     "renamed column": ('operations = [migrations.RenameField("ledger", "note", "memo")]',
                        "RENAMING columns (table: planted_ledger, column: note)"),
     "renamed table": ('operations = [migrations.AlterModelTable("ledger", "planted_book")]',
@@ -252,7 +287,8 @@ def test_an_unsafe_migration_fails_the_linter(planted, kind):
 
 
 SAFE = {
-    "nullable column": 'operations = [migrations.AddField("ledger", "currency", models.CharField(max_length=3, null=True))]',
+    "nullable column": (
+        'operations = [migrations.AddField("ledger", "currency", models.CharField(max_length=3, null=True))]'),
     "NOT NULL column with a database default": (
         'operations = [migrations.AddField("ledger", "currency", models.CharField(max_length=3, db_default="EUR"))]'),
     "concurrent index in a non-atomic migration": (
@@ -265,6 +301,12 @@ SAFE = {
                 "ALTER TABLE planted_ledger DROP CONSTRAINT planted_amount_not_negative")],
             state_operations=[migrations.AddConstraint("ledger", models.CheckConstraint(
                 condition=models.Q(amount__gte=0), name="planted_amount_not_negative"))])]
+        """,
+    "NOT NULL set with a deliberate exception": """
+        linter_exceptions = {
+            "NOT_NULL": "0.41.0 writes a note on every row, and 0042_fill_notes filled the rows before it",
+        }
+        operations = [migrations.AlterField("ledger", "note", models.TextField())]
         """,
     "dropped column with a deliberate exception": """
         linter_exceptions = {
