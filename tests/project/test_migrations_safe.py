@@ -41,6 +41,7 @@ LOCKING = ["CREATE_INDEX", "CREATE_INDEX_EXCLUSIVE", "DROP_INDEX", "REINDEX"]
 DATA_MIGRATION_CHECKS = {"RUNPYTHON_REVERSIBLE", "RUNPYTHON_ARGS_NAMING_CONVENTION", "RUNPYTHON_MODEL_IMPORT",
                          "RUNPYTHON_MODEL_VARIABLE_NAME", "RUNSQL_REVERSIBLE"}
 EXCEPTIONS = "linter_exceptions"
+INSTALLED = Path(sys.prefix).resolve()  # the virtualenv: make install puts it in the checkout (.venv)
 
 
 def _check_scans_existing_rows(sql_statements: list[str], **kwargs) -> bool:
@@ -137,8 +138,9 @@ def new_since(release: Release) -> list[tuple[str, str]]:
     loader, released, new = MigrationLoader(None, ignore_no_migrations=True), {}, []
     for key, migration in loader.disk_migrations.items():
         path = Path(sys.modules[migration.__module__].__file__).resolve()
-        if key[0] in DJANGO_APPS_WITH_MIGRATIONS or not path.is_relative_to(REPO_ROOT):
-            continue  # Django's apps and installed packages: not ours to lint
+        if (key[0] in DJANGO_APPS_WITH_MIGRATIONS or not path.is_relative_to(REPO_ROOT)
+                or path.is_relative_to(INSTALLED)):
+            continue  # Django's apps and installed packages (the virtualenv may be inside the checkout): not ours
         folder = str(path.parent.relative_to(REPO_ROOT))
         if folder not in released:
             released[folder] = set(release.files(folder))
