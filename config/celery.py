@@ -44,8 +44,8 @@ class Consumer(CeleryConsumer):
     """Celery's consumer, but a message whose task this worker does not know is given back, not dropped.
 
     In a rolling deploy two releases' workers consume one queue for minutes (docs/operating.md,
-    "Upgrading"). Celery rejects a message naming a task it has not registered without requeueing it
-    (and marks it failed): a newer release's message would be lost on an older worker, and its job wait
+    "Upgrading with jobs in flight"). Celery rejects a message naming a task it has not registered
+    without requeueing it (and marks it failed): a newer release's message would be lost on an older worker, and its job wait
     for a sweep to ring its row again. Here the worker holds the message, unacknowledged (a crash gives it
     back too), for UNKNOWN_TASK_AGAIN_S, then rejects it with requeue, so a worker that knows the task
     takes it; while only workers that do not know it run, it goes round every UNKNOWN_TASK_AGAIN_S at

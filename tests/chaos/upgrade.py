@@ -6,7 +6,7 @@ The stack starts on the previous release's code (deploy/previous-release, checke
 tests/support/previous_release.py) and its schema; clients send media jobs and reports, with the
 sandbox's faults and an operator's price change as the storm draws them (tests/chaos/plan.py; the storm's
 kills, broker flush and PostgreSQL restart are left out, so that what goes wrong is the deploy's). Then,
-while they run, as docs/operating.md "Upgrading" says a deploy goes:
+while they run, as docs/operating.md "Upgrading with jobs in flight" says a deploy goes:
 
 1. this release's `manage.py migrate`, while the old processes serve;
 2. `web` onto the new code: a new process started beside the old one, the balancer in front

@@ -1,7 +1,7 @@
 """A release's messages are ones the release before can run, and the other way round.
 
 In a rolling deploy, and again in a rollback, workers of two releases consume one queue (docs/operating.md,
-"Upgrading"): a message the new code sends may be taken by an old worker, and one the old code sent by a
+"Upgrading with jobs in flight"): a message the new code sends may be taken by an old worker, and one the old code sent by a
 new worker. So between two releases a task keeps its name and its parameters (names, order, which have a
 default). A change is made over two releases: the new form is added, accepted beside the old, in one
 release and first sent in the next. Each deliberate exception is written here, with why it is safe.

@@ -1,4 +1,4 @@
-"""Two releases' workers on one queue, as in a rolling deploy or a rollback (docs/operating.md, "Upgrading").
+"""Two releases' workers on one queue, as in a rolling deploy or a rollback (docs/operating.md, "Upgrading with jobs in flight").
 
 1. The previous release's worker (its own checkout: tests/support/previous_release.py) and this release's
    share the `jobs` queue, on this release's schema, behind this release's `web`: every job ends, each
