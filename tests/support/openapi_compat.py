@@ -175,8 +175,7 @@ class _Compare:
         if pair in seen:  # a recursive schema: this pair is being compared further up
             return
         seen = seen | {pair}
-        if isinstance(new, dict) and "$ref" in new:
-            pointer = new["$ref"]
+        pointer = _named(new) or pointer
         old, new = self.flat(old, self.old), self.flat(new, self.new)
         if request:
             self.request(place, field, pointer, old, new)
@@ -287,6 +286,14 @@ class _Compare:
     def branch_key(kind: str, branch: dict) -> tuple[str, str]:
         """A branch by the component it names, else by its whole text."""
         return kind, branch["$ref"].rsplit("/", 1)[-1] if "$ref" in branch else json.dumps(branch, sort_keys=True)
+
+
+def _named(schema: Any) -> str | None:
+    """The component a schema is: a `$ref`, or one wrapped alone in an `allOf` (nullable, described)."""
+    if isinstance(schema, dict) and "$ref" in schema:
+        return schema["$ref"]
+    parts = schema.get("allOf", []) if isinstance(schema, dict) else []
+    return parts[0]["$ref"] if len(parts) == 1 and "$ref" in parts[0] else None
 
 
 def _join(field: str, name: str) -> str:
