@@ -71,10 +71,9 @@ def test_the_previous_python_clients_integration_tests_pass_against_this_server(
         copy.unlink(missing_ok=True)
     print(done.stdout[-4000:])
     if done.returncode != 0:
-        pytest.fail(
-        f"the Python client of {release.version} ({release.commit[:7]}) fails its own integration tests "
-        f"against this server (exit {done.returncode}):\n{done.stdout[-12000:]}\n{done.stderr[-4000:]}",
-            pytrace=False)
+        pytest.fail(f"the Python client of {release.version} ({release.commit[:7]}) fails its own integration "
+                    f"tests against this server (exit {done.returncode}):\n{done.stdout[-12000:]}\n"
+                    f"{done.stderr[-4000:]}", pytrace=False)
 
 
 def inner_environment(client: Path) -> dict:
