@@ -291,6 +291,21 @@ def test_orders(account, ledger):
     assert JobRow.objects.filter(client_id=account.client_id).count() == 1
 
 
+def test_an_order_naming_its_buyers_email_in_its_input_too_is_taken_and_is_one_order(account, ledger):
+    # As a report job's input does (commit d4e8cc6: a release refused it with 422): the same order with
+    # the email in its input or without it.
+    report_input = {"subject": {"name": "Ada"}, "chapters": ["sun"]}
+    order = {"payment_id": f"pi_{time.time_ns()}", "run_id": "run-email", "product": "natal-chart",
+             "email": "buyer@example.com"}
+    with client(account) as po:
+        made = po.orders.create(**order, input={**report_input, "email": "buyer@example.com"})
+        assert made.status == "paid" and made.job_id and not made.replayed
+        without = po.orders.create(**order, input=report_input)
+        assert without.replayed and without.id == made.id
+        assert po.jobs.wait(made.job_id, timeout=30).status == "succeeded"
+    assert JobRow.objects.get(client_id=account.client_id).input["email"] == "buyer@example.com"
+
+
 # --- report templates -----------------------------------------------------------------------------------
 
 GARDEN = {

@@ -173,4 +173,24 @@ describe.concurrent("answers and errors", () => {
     const done = await po.jobs.wait(order.job_id!, { timeoutMs: 30_000 });
     expect(done.status).toBe("succeeded");
   });
+
+  it("an order naming its buyer's email in its input too is taken, and is the same order without it", async () => {
+    // As a report job's input does (commit d4e8cc6: a release refused it with 422).
+    const po = client("orders");
+    const payment = `pi_ts_${crypto.randomUUID()}`;
+    const body = {
+      payment_id: payment,
+      run_id: `run-${payment}`,
+      product: "natal-chart",
+      input: { subject: { name: "Ada", born: "1990-04-12T06:30" }, chapters: ["sun"] },
+      email: "buyer@example.com",
+    };
+    const order = await po.orders.create({ ...body, input: { ...body.input, email: "buyer@example.com" } });
+    expect(order.status).toBe("paid");
+    expect(order.job_id).toBeTruthy();
+    const without = await po.orders.create(body);
+    expect(without.id).toBe(order.id);
+    const done = await po.jobs.wait(order.job_id!, { timeoutMs: 30_000 });
+    expect(done.status).toBe("succeeded");
+  });
 });
