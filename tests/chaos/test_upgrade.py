@@ -1,4 +1,4 @@
-"""The upgrade storm's small seeded case, on every `make test`: 40 paid jobs from three clients while
+"""The upgrade storm's small seeded case, on every `make test`: 60 paid jobs from three clients while
 the stack moves from the previous release's code to this checkout's, rolls its workers back and forward
 again (tests/chaos/upgrade.py). `make chaos-upgrade` runs the long one."""
 
@@ -14,7 +14,7 @@ from tests.support.procs import REPO_ROOT
 # alone: the storm loads the machine and times its steps, which other tests' load would skew.
 pytestmark = [pytest.mark.e2e, pytest.mark.storm, pytest.mark.alone]
 
-SEED, JOBS = 1, 40
+SEED, JOBS = 1, 60
 
 
 def test_an_upgrade_and_a_rollback_mid_storm_lose_nothing_pay_once_and_answer_no_5xx():
