@@ -4,6 +4,7 @@ worker process, so a broken receiver never slows paid work (docs/operating.md,
 
 import logging
 import os
+import random
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -36,8 +37,11 @@ app.autodiscover_tasks(["jobs.engine"])
 
 logger = logging.getLogger("payonce.worker")
 
-# How long a worker holds a message whose task it does not know before it gives it back to its queue.
-UNKNOWN_TASK_AGAIN_S = 2.0
+# How long a worker holds a message whose task it does not know before it gives it back to its queue: 2 s,
+# give or take half a second. Redis hands a message to the consumer that has waited longest, and kombu's
+# consumers wait in rounds of one second, so a hold of whole seconds handed it back to the worker that gave
+# it back, round after round (a worker that knew the task waited 20 s for it in a loaded test run).
+UNKNOWN_TASK_AGAIN_S = (1.5, 2.5)
 
 
 class Consumer(CeleryConsumer):
@@ -47,16 +51,17 @@ class Consumer(CeleryConsumer):
     "Upgrading with jobs in flight"). Celery rejects a message naming a task it has not registered
     without requeueing it (and marks it failed): a newer release's message would be lost on an older worker, and its job wait
     for a sweep to ring its row again. Here the worker holds the message, unacknowledged (a crash gives it
-    back too), for UNKNOWN_TASK_AGAIN_S, then rejects it with requeue, so a worker that knows the task
-    takes it; while only workers that do not know it run, it goes round every UNKNOWN_TASK_AGAIN_S at
-    the cost of one message, never lost. A release sends only tasks the release before knows
+    back too), for about 2 s (UNKNOWN_TASK_AGAIN_S), then rejects it with requeue, so a worker that knows
+    the task takes it; while only workers that do not know it run, it goes round every 2 s or so at the
+    cost of one message, never lost. A release sends only tasks the release before knows
     (tests/project/test_release_tasks.py), so this is the net under a deploy that skipped a release."""
 
     def on_unknown_task(self, body, message, exc):
         name = (message.headers or {}).get("task") or "?"
-        logger.warning("task %s is not known to this release: given back to its queue in %s s for a worker "
-                       "that knows it", name, UNKNOWN_TASK_AGAIN_S)
-        self.timer.call_after(UNKNOWN_TASK_AGAIN_S, self._give_back, (message,))
+        again_s = random.uniform(*UNKNOWN_TASK_AGAIN_S)
+        logger.warning("task %s is not known to this release: given back to its queue in %.1f s for a worker "
+                       "that knows it", name, again_s)
+        self.timer.call_after(again_s, self._give_back, (message,))
 
     def _give_back(self, message) -> None:
         try:

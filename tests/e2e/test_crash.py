@@ -98,8 +98,13 @@ def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(killed_
         assert response.status_code == 201, response.text
         job_ids.append(response.json()["id"])
 
+    # The first kill waits for a submit the provider holds (on a loaded machine the worker may take longer
+    # than the first second to send one, and a kill of an idle worker tests nothing).
+    deadline = time.monotonic() + 30
+    while not Attempt.objects.filter(job_id__in=job_ids, state="submitting").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
     for round_ in range(4):
-        time.sleep(1.0)
+        time.sleep(1.0 if round_ else 0.2)
         if worker.children() and round_ % 2 == 0:
             for child in worker.children():  # a pool process dies under its task
                 os.kill(child, signal.SIGKILL)

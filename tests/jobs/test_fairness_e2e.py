@@ -113,10 +113,11 @@ def test_a_deadline_ends_an_unpaid_queued_job_and_leaves_a_paid_one_alone(web_st
     # Queued with no worker running until its deadline has passed: it never sends its call.
     late = api.create(media_body(input={"prompt": "late", "render_s": 0}, policy={"deadline_s": 1}), key="late")
     time.sleep(1.5)
-    # Paid at once, then its deadline passes while it renders: never cut short.
-    paid = api.create(media_body(input={"prompt": "paid", "render_s": 6}, policy={"deadline_s": 3}), key="paid")
     workers = _workers(1, PROVIDER_CALLBACK_BASE_URL=web_stack.url)
     try:
+        # Paid at once by the worker already up, then its deadline passes while it renders: never cut short.
+        # (Sent before the worker was up, its deadline once passed while a loaded machine started it.)
+        paid = api.create(media_body(input={"prompt": "paid", "render_s": 10}, policy={"deadline_s": 5}), key="paid")
         ended_late = api.wait(late.json()["id"], timeout=60)
         ended_paid = api.wait(paid.json()["id"], timeout=60)
     finally:

@@ -145,7 +145,8 @@ def test_submit_wait_runs_the_job_on_a_real_worker_and_prints_it(jobs_worker, le
 
 @pytest.mark.e2e
 def test_watch_json_follows_a_running_job_to_its_terminal_snapshot(jobs_worker, ledger, api):
-    answer = api.create(media_body(input={"prompt": "a slow render", "render_s": 3}), key="watched")
+    # Long enough that `manage.py watch` is up (seconds on a loaded machine) before the job ends.
+    answer = api.create(media_body(input={"prompt": "a slow render", "render_s": 10}), key="watched")
     job_id = answer.json()["id"]
     done = manage("watch", job_id, "--json", timeout=90)
     assert done.returncode == 0, done.stderr
