@@ -225,8 +225,8 @@ class UpgradeStorm(Storm):
                 after = [t for t, sig in history if t > step["at"]]
                 if after:
                     waits.append(after[0] - step["at"])
-        print(f"orders: {self.orders} answered of {sum(1 for job in self.plan.jobs if job.family == 'report' and not job.n % 2)}"
-              " reports sent as orders", flush=True)
+        print(f"orders: {sum(1 for job in self.plan.jobs if job.family == 'report' and not job.n % 2)} reports sent as "
+              f"paid orders, {self.orders} answers (an order sent again is the same order: 200)", flush=True)
         print(f"deploy: {len(self.steps)} steps of {len(DEPLOY)}; jobs in flight at each: "
               + ", ".join(f"{step['step']} {step['in_flight']}" for step in self.steps), flush=True)
         print(f"deploy: 5xx answers during the steps {len(errors_5xx)} (in all {len(self.record.server_errors)}); "
