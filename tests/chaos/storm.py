@@ -205,20 +205,24 @@ class Storm:
 
     def _post(self, job: JobPlan) -> None:
         """POST the job as a careful client does: on no answer or a 5xx, again with the same key."""
+        self._create(job, "/v1/jobs", job.body, {"Idempotency-Key": job.key}, accepted=(201, 202), id_field="id")
+
+    def _create(self, job: JobPlan, path: str, body: dict, headers: dict, *, accepted: tuple, id_field: str) -> bool:
+        """POST `body` to `path` until it is answered: on no answer or a 5xx, again, the same; the job the answer
+        names (its `id_field`) is the one the checks follow for `job`. Whether it was accepted."""
         deadline = time.monotonic() + 120
         while True:
             try:
-                response = self.api("POST", job.client, "/v1/jobs", json=job.body,
-                                    headers={"Idempotency-Key": job.key})
+                response = self.api("POST", job.client, path, json=body, headers=headers)
             except requests.RequestException as exc:
                 self.record.post_errors[type(exc).__name__] += 1
             else:
-                if response.status_code in (201, 202):
-                    job_id = response.json()["id"]
+                if response.status_code in accepted:
+                    job_id = response.json()[id_field]
                     with self.lock:
                         self.record.answers[job.key].append((response.status_code, job_id))
                         self.record.job_ids.setdefault(job.key, job_id)
-                    return
+                    return True
                 if response.status_code < 500 and response.status_code != 429:
                     refused_for = self._refused_as_disabled(job, response)
                     with self.lock:
@@ -226,12 +230,12 @@ class Storm:
                             self.record.refused_disabled[job.key] = refused_for
                         else:
                             self.record.unexpected.append((job.key, response.status_code, response.text[:300]))
-                    return
+                    return False
                 self.record.post_errors[f"http_{response.status_code}"] += 1
             if time.monotonic() > deadline:
                 with self.lock:
                     self.record.unexpected.append((job.key, "no answer", "gave up after 120 s"))
-                return
+                return False
             time.sleep(0.5)
 
     def _refused_as_disabled(self, job: JobPlan, response: requests.Response) -> str | None:

@@ -30,8 +30,6 @@ import sys
 import threading
 import time
 
-import requests
-
 from tests.chaos import checks
 from tests.chaos.balancer import Balancer
 from tests.chaos.stack import START_TIMEOUT_S, Stack
@@ -140,28 +138,9 @@ class UpgradeStorm(Storm):
         report = job.body["input"]
         body = {"payment_id": job.key, "run_id": job.key, "product": "storm-report", "email": report["email"],
                 "input": {"subject": report["subject"], "chapters": report["chapters"], "email": report["email"]}}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                response = self.api("POST", job.client, "/v1/orders", json=body)
-            except requests.RequestException as exc:
-                self.record.post_errors[type(exc).__name__] += 1
-            else:
-                if response.status_code in (200, 201):
-                    job_id = response.json()["job_id"]
-                    with self.lock:
-                        self.record.answers[job.key].append((response.status_code, job_id))
-                        self.record.job_ids.setdefault(job.key, job_id)
-                        self.orders += 1
-                    return
-                if response.status_code < 500 and response.status_code != 429:
-                    with self.lock:
-                        self.record.unexpected.append((job.key, response.status_code, response.text[:300]))
-                    return
-                self.record.post_errors[f"http_{response.status_code}"] += 1
-            time.sleep(0.5)
-        with self.lock:
-            self.record.unexpected.append((job.key, "no answer", "gave up after 120 s"))
+        if self._create(job, "/v1/orders", body, {}, accepted=(200, 201), id_field="job_id"):
+            with self.lock:
+                self.orders += 1
 
     # -- the deploy ----------------------------------------------------------------------------------
 
