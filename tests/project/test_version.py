@@ -10,6 +10,7 @@ import pytest
 import requests
 
 import payonce
+from tests.support import previous_release
 from tests.support.procs import REPO_ROOT
 
 ROOT = Path(REPO_ROOT)
@@ -44,8 +45,7 @@ def test_the_changelog_leads_with_this_version_and_names_the_release_before():
     assert releases and releases[0] == payonce.__version__, releases
     assert releases == sorted(releases, key=_version, reverse=True)  # newest first, each once
     assert len(set(releases)) == len(releases)
-    lines = [line for line in (ROOT / "deploy/previous-release").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = previous_release.named()
     assert len(lines) == 1, lines
     version, commit = lines[0].split()
     assert re.fullmatch(r"[0-9a-f]{40}", commit)

@@ -1,11 +1,11 @@
 """The release before this one (deploy/previous-release): its version, its commit, and its code checked
 out beside this one, for the release checks (tests/project/test_release_*.py, tests/chaos/upgrade.py).
 
-The checkout is a `git worktree` of the commit under var/previous-release/<commit> (var/ is ignored by
-git and outside pytest's testpaths), made once and shared by every pytest-xdist worker and storm behind a
-file lock. It runs on this checkout's virtualenv (a release's requirements only grow; `requirements_differ`
-says when they did not) and, for the TypeScript client, on this checkout's node_modules when the two
-package-lock.json files name the same dependencies, else on its own `npm ci`."""
+The checkout is a `git worktree` of the commit under var/previous-release/<commit> (var/ is ignored by git and
+outside pytest's testpaths), made once and shared by every pytest-xdist worker and storm behind a file lock.
+It runs on this checkout's virtualenv (a release's requirements only grow) and, for the TypeScript client, on
+this checkout's node_modules when the two package-lock.json files name the same dependencies, else on its own
+`npm ci`."""
 
 from __future__ import annotations
 
@@ -34,9 +34,13 @@ class Release:
         return _git("ls-tree", "-r", "--name-only", self.commit, "--", under).stdout.split()
 
 
+def named() -> list[str]:
+    """deploy/previous-release's lines that are not comments: one, `<version> <commit>`."""
+    return [line for line in RELEASE_FILE.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
 def previous() -> Release:
-    lines = [line for line in RELEASE_FILE.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    version, commit = lines[0].split()
+    version, commit = named()[0].split()
     if _git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
         raise RuntimeError(f"deploy/previous-release names commit {commit} ({version}), which this clone does not "
                            "have: the release checks need the project's history (git fetch --unshallow)")
@@ -61,12 +65,6 @@ def worktree() -> Path:
             _typescript(path)
             (path / ".ready").write_text(release.version + "\n")
     return path
-
-
-def requirements_differ() -> bool:
-    release = previous()
-    return any(release.show(name) != (REPO_ROOT / name).read_text()
-               for name in ("requirements.txt",))
 
 
 def _typescript(path: Path) -> None:
