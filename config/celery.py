@@ -49,12 +49,13 @@ class Consumer(CeleryConsumer):
 
     In a rolling deploy two releases' workers consume one queue for minutes (docs/operating.md,
     "Upgrading with jobs in flight"). Celery rejects a message naming a task it has not registered
-    without requeueing it (and marks it failed): a newer release's message would be lost on an older worker, and its job wait
-    for a sweep to ring its row again. Here the worker holds the message, unacknowledged (a crash gives it
-    back too), for about 2 s (UNKNOWN_TASK_AGAIN_S), then rejects it with requeue, so a worker that knows
-    the task takes it; while only workers that do not know it run, it goes round every 2 s or so at the
-    cost of one message, never lost. A release sends only tasks the release before knows
-    (tests/project/test_release_tasks.py), so this is the net under a deploy that skipped a release."""
+    without requeueing it (and marks it failed): a newer release's message would be lost on an older
+    worker, and its job wait for a sweep to ring its row again. Here the worker holds the message,
+    unacknowledged (a crash gives it back too), for about 2 s (UNKNOWN_TASK_AGAIN_S), then rejects it with
+    requeue, so a worker that knows the task takes it; while only workers that do not know it run, it goes
+    round every 2 s or so at the cost of one message, never lost. A release sends only tasks the release
+    before knows (tests/project/test_release_tasks.py), so this is the net under a deploy that skipped a
+    release."""
 
     def on_unknown_task(self, body, message, exc):
         name = (message.headers or {}).get("task") or "?"

@@ -144,7 +144,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # settings belong on a connection of its own), and with a lock_timeout, so that a migration that cannot
 # have its lock at once fails in that time instead of queueing every query of the running release behind
 # it; a statement_timeout too when set (0: none, since moving data may take long). Its flags override both.
-MIGRATE_DATABASE = database_from_url(env_str("MIGRATE_DATABASE_URL", "")) if env_str("MIGRATE_DATABASE_URL", "") else None
+_migrate_url = env_str("MIGRATE_DATABASE_URL", "")
+MIGRATE_DATABASE = database_from_url(_migrate_url) if _migrate_url else None
 MIGRATE_LOCK_TIMEOUT_S = env_float("MIGRATE_LOCK_TIMEOUT_S", 5.0, minimum=0)
 MIGRATE_STATEMENT_TIMEOUT_S = env_float("MIGRATE_STATEMENT_TIMEOUT_S", 0.0, minimum=0)
 

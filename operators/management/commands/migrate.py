@@ -1,7 +1,8 @@
 """`manage.py migrate`, Django's, which first creates the database if it is missing, run so that it cannot
-stall the release that is serving (docs/operating.md, "Releasing"): every connection it opens has a `lock_timeout` (MIGRATE_LOCK_TIMEOUT_S, `--lock-timeout`) and a
-`statement_timeout` (MIGRATE_STATEMENT_TIMEOUT_S, `--statement-timeout`; 0 is none), and it goes over
-MIGRATE_DATABASE_URL, a direct connection to the primary, when that is set. A migration whose lock is not
+stall the release that is serving (docs/operating.md, "Releasing"): every connection it opens has a
+`lock_timeout` (MIGRATE_LOCK_TIMEOUT_S, `--lock-timeout`) and a `statement_timeout`
+(MIGRATE_STATEMENT_TIMEOUT_S, `--statement-timeout`; 0 is none), and it goes over MIGRATE_DATABASE_URL, a
+direct connection to the primary, when that is set. A migration whose lock is not
 free within the timeout fails, having changed nothing (each migration is its own transaction), and can be
 run again; without one, its ALTER TABLE would wait in the lock queue with every query of the running
 release waiting behind it."""
@@ -31,12 +32,14 @@ def _timeout(value, name: str) -> float:
 
 
 class Command(DjangoMigrate):
-    help = DjangoMigrate.help + " (payonce: with a lock_timeout and a statement_timeout, over MIGRATE_DATABASE_URL when set)"
+    help = (DjangoMigrate.help
+            + " (payonce: with a lock_timeout and a statement_timeout, over MIGRATE_DATABASE_URL when set)")
 
     def add_arguments(self, parser):
         super().add_arguments(parser)
         parser.add_argument("--lock-timeout", type=float, default=None, metavar="SECONDS",
-                            help="how long a statement may wait for a lock (default MIGRATE_LOCK_TIMEOUT_S; 0: for ever)")
+                            help="how long a statement may wait for a lock "
+                                 "(default MIGRATE_LOCK_TIMEOUT_S; 0: for ever)")
         parser.add_argument("--statement-timeout", type=float, default=None, metavar="SECONDS",
                             help="how long a statement may run (default MIGRATE_STATEMENT_TIMEOUT_S; 0: for ever)")
 
@@ -64,7 +67,6 @@ class Command(DjangoMigrate):
             connection = connections[alias]
             if connection.connection is not None and not connection.needs_rollback:
                 _reset(connection)  # the caller's connection as it was (call_command)
-
 
     def _ensure_database(self, database: dict) -> None:
         try:
