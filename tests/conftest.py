@@ -107,6 +107,29 @@ def mailbox(smtp_server):
     return smtp_server
 
 
+@pytest.fixture(scope="session")
+def otlp_receiver():
+    """A real OTLP/HTTP traces receiver process for the whole session (tests/support/otlp_receiver.py);
+    `otlp` empties it for a test. Unlike the sandbox and the SMTP server it is not a shared service of
+    tests/support/e2e_mark.py, so a test that uses it is `e2e`: spans sent over HTTP are what a test of a
+    process boundary checks, and a test of tracing within this process can read the SDK's
+    InMemorySpanExporter and start nothing."""
+    from tests.support.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+    receiver.cleanup()
+
+
+@pytest.fixture
+def otlp(otlp_receiver):
+    """The session's OTLP receiver with no span and no request yet: give a process under test
+    OTEL_EXPORTER_OTLP_ENDPOINT=otlp.endpoint, then read otlp.wait_for(...), otlp.traces(), otlp.requests()."""
+    otlp_receiver.reset()
+    return otlp_receiver
+
+
 @pytest.fixture
 def mail_to(settings):
     """Send this process's mail to an SMTP server of the suite's (`mail_to(mailbox)`), as a worker started
