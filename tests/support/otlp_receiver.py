@@ -79,8 +79,9 @@ class Refused(Exception):
 
 
 class SpanFile:
-    """The spans file and the counters, changed under one lock: a request's spans are appended whole (a
-    reader of the file never sees half of a request's lines counted), and a reset cannot cut one in two."""
+    """The spans file and the counters, changed under one lock: a request's lines are written in one piece
+    and flushed before it is answered, exporters sending at once never interleave theirs, and a reset never
+    falls between a request's lines and its count."""
 
     def __init__(self, path: Path):
         self.path = path
