@@ -82,11 +82,16 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.limits import BodyLimitMiddleware  # noqa: E402 (after Django is set up)
+from config.tracing import setup as setup_tracing  # noqa: E402
 from config.version import VersionHeaderMiddleware  # noqa: E402
 from config.startup import refuse_to_serve_with_development_settings  # noqa: E402
 
 # Before serving anything: never with the repository's SECRET_KEY when DEBUG is off (config.startup).
 refuse_to_serve_with_development_settings(settings)
+
+# Traces (config.tracing), when configured: before the handler loads Django's middleware, which the Django
+# instrumentation adds to.
+setup_tracing("web")
 
 django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 

@@ -14,7 +14,7 @@ from celery.beat import PersistentScheduler
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Exchange, Queue
 
-from config import logs
+from config import logs, tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -99,6 +99,25 @@ def _refuse_development_settings(**_):
     from config.startup import refuse_to_serve_with_development_settings  # (see above)
 
     refuse_to_serve_with_development_settings(settings)
+
+
+@signals.worker_init.connect
+def _tracing_worker(**_):
+    """Traces (config.tracing) in a worker: set up in its one process (a pool of threads: no child to
+    set up again), named as its log lines name it (`worker` or `webhooks`)."""
+    tracing.setup(logs.process_name() or "worker")
+
+
+@signals.beat_init.connect
+def _tracing_beat(**_):
+    tracing.setup("beat")
+
+
+@signals.worker_shutdown.connect
+def _tracing_flush(**_):
+    """A warm shutdown exports the spans still batched (a SIGKILL loses them: executor.tracing says what
+    the next execution emits again)."""
+    tracing.flush()
 
 
 @signals.task_prerun.connect

@@ -31,6 +31,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 from uuid import UUID
 
+from config import tracing
+
 # The ids an event line carries when they apply, in this order after the record's own keys.
 FIELDS = ("job_id", "run", "step", "attempt", "upstream_key", "model", "delivery_id")
 
@@ -96,7 +98,8 @@ def log_event(logger: logging.Logger, event: str, **fields) -> None:
         return
     from django.db import transaction
 
-    extra = {**_CONTEXT.get(), **{name: value for name, value in fields.items() if value is not None}}
+    extra = {**_CONTEXT.get(), **tracing.log_fields(),
+             **{name: value for name, value in fields.items() if value is not None}}
     # The record is made here, so it names the caller's line and the moment of the change, and handled
     # (filtered, formatted, written) on commit.
     caller = sys._getframe(1)  # what logging's findCaller(stacklevel=2) finds, without walking the stack
@@ -107,11 +110,14 @@ def log_event(logger: logging.Logger, event: str, **fields) -> None:
 
 class ContextFilter(logging.Filter):
     """Adds the context's fields (log_context, the running task's arguments) to a record that does not
-    name them itself."""
+    name them itself, and the trace_id and span_id of the span in progress when traces are on."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         for name, value in _CONTEXT.get().items():
             if name not in record.__dict__:
+                setattr(record, name, value)
+        if "trace_id" not in record.__dict__:  # a log_event record took its span where it was made
+            for name, value in tracing.log_fields().items():
                 setattr(record, name, value)
         return True
 

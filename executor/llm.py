@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from billing import rates
 from executor import policy, record, services
-from executor.models import Attempt, AttemptState
+from executor import tracing as provider_tracing
+from executor.models import Attempt, AttemptState, Paid
 from executor.providers.base import ProviderError
 from executor.record import Money
 from jobs.engine.outcomes import JobErrorCode, JobFailure, StepRetry
@@ -47,8 +48,9 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
         if attempt.state == AttemptState.SUCCEEDED:
             return _answer(attempt)
         if attempt.state == AttemptState.SUBMITTING:
-            record.end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.KEEP,
-                       error=attempt.error or "the execution sending it died before its answer was recorded")
+            if record.end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.KEEP,
+                          error=attempt.error or "the execution sending it died before its answer was recorded"):
+                provider_tracing.recovered(attempt, text=True)  # its span died with its sender (executor.tracing)
     if earlier:
         last = earlier[-1]
         if last.state == AttemptState.FAILED and last.error_class not in policy.LLM_RETRYABLE:
@@ -66,6 +68,13 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
         return _answer(attempt)
     return llm_call(job, step=step, model_name=model_name, system=system, messages=messages,
                     max_tokens=max_tokens, pool=pool)  # decide on the attempt just made (retry, or fail)
+
+
+def _paid_if(exc: ProviderError) -> Paid:
+    """Whether a call that failed may have been paid, as its span says: the rule _attempt records by."""
+    if getattr(exc, "usage", None):
+        return Paid.YES  # a 200 that refused: paid for
+    return Paid.UNKNOWN if exc.outcome_unknown and exc.status is None else Paid.NO
 
 
 def _answer(attempt: Attempt) -> dict:
@@ -86,11 +95,27 @@ def _attempt(job, *, step: str, model_name: str, system: str, messages: list[dic
     spec = record.attempt_spec(attempt)
     started = time.monotonic()
     record.log("attempt.sent", attempt, sends=attempt.sends)
-    try:
-        completion = services.provider(spec).complete(
-            spec.model, system=system, messages=messages, max_tokens=max_tokens,
-            upstream_key=attempt.upstream_key, metadata=attempt.request["metadata"])
-    except ProviderError as exc:
+    # The call's span ends (and is exported) before its answer is recorded (executor.tracing).
+    with provider_tracing.provider_call(attempt, text=True) as call:
+        try:
+            completion = services.provider(spec).complete(
+                spec.model, system=system, messages=messages, max_tokens=max_tokens,
+                upstream_key=attempt.upstream_key, metadata=attempt.request["metadata"])
+        except ProviderError as exc:
+            failed = exc
+            if call.span is not None:
+                usage = exc.usage.as_dict() if getattr(exc, "usage", None) else None
+                call.answered(paid=_paid_if(exc), usage=usage, status=exc.status, error_class=exc.kind,
+                              cost_usd=provider_tracing.derived_cost(attempt, usage) if usage else None,
+                              cost_source="derived")
+        else:
+            failed = None
+            if call.span is not None:
+                usage = completion.usage.as_dict()
+                call.answered(paid=Paid.YES, usage=usage, cost_usd=provider_tracing.derived_cost(attempt, usage),
+                              cost_source="derived")
+    if failed is not None:
+        exc = failed
         elapsed = int((time.monotonic() - started) * 1000)
         paid = getattr(exc, "usage", None)  # a 200 that refused: paid for, priced from its usage
         retry_at = timezone.now() + timedelta(seconds=policy.retry_backoff_s(tries, exc.retry_after))

@@ -27,6 +27,7 @@ from config.sql import violated_constraint
 from executor.models import (ATTEMPT_NUMBER_CONSTRAINT, ONE_OUT_PER_RUN_CONSTRAINT,
                              STORED_OUTPUT, Attempt, AttemptState, ModelKind)
 from executor import in_flight
+from executor import tracing as provider_tracing
 from executor.policy import job_deadline
 from executor.selectors import attempts_maybe_paid
 from executor.providers import ADAPTERS, http
@@ -279,6 +280,7 @@ def end(attempt: Attempt, state: str, *, expect: str, money: Money, in_commit: C
         if in_commit is not None:
             in_commit()
         log_end(attempt)
+    provider_tracing.ended(attempt)
     return True
 
 

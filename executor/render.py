@@ -38,6 +38,7 @@ from billing import services as billing
 from config.metrics import count
 from config.sql import update_sql
 from executor import callbacks, policy, record, services
+from executor import tracing as provider_tracing
 from executor.models import PAID_YES, Attempt, AttemptState, Paid
 from executor.providers import http
 from executor.providers.base import ErrorClass, ProviderError, WorkStatus
@@ -367,12 +368,25 @@ def _send(job, attempt: Attempt, *, done, fresh: bool = False) -> None:
     provider = services.provider(spec)
     started = time.monotonic()
     record.log("attempt.sent", attempt, sends=attempt.sends)  # before the call: a crash during it still shows the send
-    try:
-        submission = provider.submit(spec.model, upstream_key=attempt.upstream_key, inputs=inputs,
-                                     prompt=attempt.request["prompt"], params=attempt.request["params"],
-                                     metadata=attempt.request["metadata"])
-    except ProviderError as exc:
-        _answered_error(job, attempt, spec, exc, started, done=done)
+    # The call's span ends (and is exported) before its answer is recorded (executor.tracing).
+    with provider_tracing.provider_call(attempt) as call:
+        try:
+            submission = provider.submit(spec.model, upstream_key=attempt.upstream_key, inputs=inputs,
+                                         prompt=attempt.request["prompt"], params=attempt.request["params"],
+                                         metadata=attempt.request["metadata"])
+        except ProviderError as exc:
+            failed = exc
+            if call.span is not None:
+                call.answered(paid=_paid_if(_failure_kind(attempt, spec, exc)), status=exc.status, error_class=exc.kind)
+        else:
+            failed = None
+            if call.span is not None:
+                quoted = submission.cost_usd is not None
+                call.answered(paid=Paid.YES, cost_usd=submission.cost_usd if quoted else provider_tracing.derived_cost(
+                    attempt, submission.usage.as_dict() if submission.usage else None),
+                    cost_source="quoted" if quoted else "derived")
+    if failed is not None:
+        _answered_error(job, attempt, spec, failed, started, done=done)
         return
     _answered_accepted(attempt, submission, done=done)
 
@@ -438,9 +452,7 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
       decides what comes next (the same model after a back-off, or the next by fallback_on). So a keyed
       provider whose every send is answered 503 lets the chain fall back instead of holding the job.
     """
-    kind = policy.failure_kind(accepted=False, outcome_unknown=exc.outcome_unknown,
-                               answered_unpaid=spec.capabilities.answered_unpaid(exc.status),
-                               key_pinned=_key_pinned(attempt, spec))
+    kind = _failure_kind(attempt, spec, exc)
     if kind is policy.Failure.UNKNOWN:
         if record.update(attempt, expect=AttemptState.SUBMITTING, error_class=exc.kind, error=exc.message,
                          last_status=exc.status):
@@ -450,6 +462,17 @@ def _answered_error(job, attempt: Attempt, spec, exc: ProviderError, started: fl
     record.end(attempt, AttemptState.FAILED, expect=AttemptState.SUBMITTING, money=Money.RELEASE, error_class=exc.kind,
                error=exc.message, retry_at=retry_at, last_status=exc.status,
                duration_ms=int((time.monotonic() - started) * 1000))
+
+
+def _failure_kind(attempt: Attempt, spec, exc: ProviderError) -> policy.Failure:
+    return policy.failure_kind(accepted=False, outcome_unknown=exc.outcome_unknown,
+                               answered_unpaid=spec.capabilities.answered_unpaid(exc.status),
+                               key_pinned=_key_pinned(attempt, spec))
+
+
+def _paid_if(kind: policy.Failure) -> Paid:
+    """Whether a send that was not accepted may have been paid, as its span says."""
+    return Paid.UNKNOWN if kind is policy.Failure.UNKNOWN else Paid.NO
 
 
 def _key_pinned(attempt: Attempt, spec) -> bool:
@@ -472,6 +495,7 @@ def _resolve(job, attempt: Attempt, *, done, resend: bool = True) -> None:
     It is resolved by the spec it went out with: a model disabled since still has its sends settled."""
     spec = record.attempt_spec(attempt)
     caps = spec.capabilities
+    provider_tracing.recover(attempt)  # its sender died with the call out: the paid call's span is emitted here
     if attempt.sends == 0:
         # Nothing went out (its input upload failed before the call): nothing to resolve; send it, unless
         # its model is gone from the catalog meanwhile: then nothing is, and the runner decides what follows.

@@ -72,6 +72,10 @@ class Job(models.Model):
     # waits on a provider or ends).
     priority = models.PositiveSmallIntegerField(default=PRIORITY_DEFAULT)
     holds_slot = models.BooleanField(default=False)
+    # The trace of the current run (config.tracing): the W3C traceparent of the span that created it (the
+    # create or retry request, a paid order), so every later step, in whatever process, joins that trace.
+    # None when traces are off or the run was not sampled.
+    trace_context = models.CharField(max_length=55, null=True, blank=True)
 
     class Meta:
         constraints = [

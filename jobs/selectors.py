@@ -156,7 +156,7 @@ WITH full_clients AS MATERIALIZED (
        AND (SELECT count(*) FROM jobs_job h WHERE h.client_id = t.client_id AND h.holds_slot)
            >= coalesce(c.max_running, %(default_running)s)
 )
-SELECT j.id, j.run, j.kind, j.status = '{JobStatus.QUEUED}' FROM jobs_job j
+SELECT j.id, j.run, j.kind, j.status = '{JobStatus.QUEUED}', j.trace_context FROM jobs_job j
  WHERE j.status IN ('{JobStatus.QUEUED}', '{JobStatus.RUNNING}')
    AND j.lease_until < now()
    AND NOT (j.status = '{JobStatus.QUEUED}' AND j.client_id IN (SELECT client_id FROM full_clients))
@@ -170,7 +170,7 @@ SELECT j.id, j.run, j.kind, j.status = '{JobStatus.QUEUED}' FROM jobs_job j
 
 
 def stuck_jobs(*, handoff: timedelta, limit: int = 500) -> list[tuple]:
-    """Jobs that should be moving but show no sign of a live chain: [(id, run, kind, queued)]."""
+    """Jobs that should be moving but show no sign of a live chain: [(id, run, kind, queued, trace_context)]."""
     with connection.cursor() as cursor:
         cursor.execute(_STUCK_SQL, {"handoff": handoff, "limit": limit, "default_running": settings.CLIENT_MAX_RUNNING})
         return cursor.fetchall()
@@ -197,8 +197,8 @@ def queued_past_deadline(*, limit: int) -> list[tuple]:
 
 
 def job_state(job_id) -> Job | None:
-    """The job's status, kind and run, or None."""
-    return Job.objects.filter(id=job_id).only("status", "kind", "run").first()
+    """The job's status, kind, run and trace, or None."""
+    return Job.objects.filter(id=job_id).only("status", "kind", "run", "trace_context").first()
 
 
 def steps_named(*, job_id, run: int, names) -> dict[str, Step]:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from accounts import services as accounts
 from accounts.models import Client
 from billing import services as billing
+from config import tracing
 from config.logs import log_event
 from executor.callbacks import Wake
 from executor.registry import model_spec
@@ -137,6 +138,7 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
         webhook_url=data.get("webhook_url") or "",
         metadata=data["metadata"],
         priority=data.get("priority", PRIORITY_DEFAULT),
+        trace_context=tracing.current_traceparent(),  # the request's span: the run's trace starts there
         created_at=now,
         updated_at=now,
         lease_until=now + timedelta(seconds=settings.ENQUEUE_LEASE_S),
@@ -308,6 +310,7 @@ def job_retry(*, job: Job) -> Job | None:
         won = Job.objects.filter(id=job.id, status__in=[JobStatus.FAILED, JobStatus.WAITING]).update(
             status=JobStatus.QUEUED, run=F("run") + 1, output=None, error=None, started_at=None, holds_slot=False,
             completed_at=None, updated_at=now, lease_until=now + timedelta(seconds=settings.ENQUEUE_LEASE_S),
+            trace_context=tracing.current_traceparent(),  # a new run, a new trace: the retry's request starts it
         )
         if not won:
             return None
@@ -351,8 +354,11 @@ def job_wake(*, job_id, run: int, step: str, claim) -> Wake:
         return Wake.ENDED
     if not claim():
         return Wake.DUPLICATE
-    chain.start_run(job_id, run, job.kind, recipe.waiting_stage(),
-                    root_id=(wait.lease_owner if wait is not None else "") or None, rung=True)
+    # In the run's trace, linked to the callback's request: the stage it rings is this span's child.
+    with tracing.job_span("payonce.callback", job.trace_context, **{"payonce.job_id": str(job_id), "payonce.run": run,
+                                                                    "payonce.step": step}):
+        chain.start_run(job_id, run, job.kind, recipe.waiting_stage(),
+                        root_id=(wait.lease_owner if wait is not None else "") or None, rung=True)
     return Wake.RUNG
 
 

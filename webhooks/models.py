@@ -82,6 +82,8 @@ class Delivery(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # The trace of the job's run it reports (jobs.Job.trace_context): each try is a span of that trace.
+    trace_context = models.CharField(max_length=55, null=True, blank=True)
 
     class Meta:
         indexes = [

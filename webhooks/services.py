@@ -31,6 +31,9 @@ from django.db.models import Q
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
+from opentelemetry.trace import SpanKind
+
+from config import tracing
 from config.celery import app
 from config.logs import log_event
 from config.retry import jittered, parse_retry_after
@@ -152,7 +155,8 @@ def delivery_create(*, job, event: WebhookEvent, data: dict) -> bool:
     )
     due = now + timedelta(seconds=settings.WEBHOOK_FIRST_TRY_GRACE_S)
     delivery = Delivery(id=ident, job_id=job.id, client_id=job.client_id, run=job.run, event=event,
-                        url=job.webhook_url, envelope=envelope, created_at=now, next_attempt_at=due)
+                        url=job.webhook_url, envelope=envelope, created_at=now, next_attempt_at=due,
+                        trace_context=job.trace_context)
     if not insert_ignore(delivery):
         return False
     _enqueue_on_commit(ident, due)
@@ -286,7 +290,12 @@ def deliveries_try(items: list[tuple[str, str]]) -> list[Tried]:
                 continue
             if delivery.client_id not in secrets_by_client:
                 secrets_by_client[delivery.client_id] = signing_secrets(delivery.client_id)
-            answer, error, attempt, refused = _post(session, delivery, url, secrets_by_client[delivery.client_id])
+            with tracing.job_span("payonce.webhook.deliver", delivery.trace_context, kind=SpanKind.CLIENT, **{
+                    "payonce.job_id": str(delivery.job_id), "payonce.run": delivery.run,
+                    "payonce.webhook.event": delivery.event, "payonce.webhook.try": delivery.attempts}) as span:
+                answer, error, attempt, refused = _post(session, delivery, url, secrets_by_client[delivery.client_id])
+                if span is not None:
+                    span.set_attribute("http.response.status_code", answer.status if answer else 0)
             tries.append(attempt)
             if refused in _REFUSED_FOR_GOOD:
                 _dead(delivery, error)  # no schedule will make this target allowed
@@ -321,6 +330,7 @@ def _post(session, delivery: Delivery, url: str, secrets_: list[str]):
         "webhook-timestamp": str(timestamp),
         "webhook-signature": sign(delivery_id=delivery.id, timestamp=timestamp, body=body, secrets_=secrets_),
     }
+    tracing.inject(headers)  # `traceparent`, inside a traced try: the receiver may join the job's trace
     started = time.monotonic()
     answer, error, reason = None, "", None
     try:

@@ -8,6 +8,7 @@ from datetime import datetime, timezone as dt_timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
+from config import tracing
 from executor.policy import DEFAULT_ATTEMPTS_PER_MODEL, DEFAULT_FALLBACK_ON, FALLBACK_REASONS, default_policy
 from executor.registry import PAYONCE_INPUT_KEYS, code_spec, model_spec, provider_usable
 from executor.selectors import attempts_for, public_attempts
@@ -285,6 +286,7 @@ def job_as_dict(job) -> dict:
         "created_at": _iso(job.created_at),
         "started_at": _iso(job.started_at),
         "completed_at": _iso(job.completed_at),
+        "trace_id": tracing.trace_id_of(job.trace_context),
     }
     from jobs.kinds import KINDS  # at call time: kinds import services, which import this (jobs.kinds)
 
@@ -315,6 +317,9 @@ class JobSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     completed_at = serializers.DateTimeField(allow_null=True)
+    trace_id = serializers.CharField(allow_null=True, help_text=(
+        "The trace of the job's current run (32 hex digits, W3C) when traces are exported and the run was "
+        "sampled, else null."))
 
     def to_representation(self, instance):
         return job_as_dict(instance)

@@ -16,7 +16,7 @@ The runner talks only to the database. It answers with an outcome of jobs.engine
 
 import functools
 import logging
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 
 from django.conf import settings
@@ -24,6 +24,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from config.db import db_error_recurs
+from config import tracing
 from config.logs import log_context
 from config.retry import backoff_s, jittered
 from jobs import selectors, services
@@ -376,14 +377,23 @@ def _claim_leased(ctx: StepContext, spec: StepSpec) -> tuple[Claim, StepRow] | S
 
 def _logged_as_step(run_step):
     """A step's code logs with its job, run and step (config.logs.log_context): a line of a provider, the
-    store or billing says which step it came from without being told."""
+    store or billing says which step it came from without being told. And it runs in its span (_step_span)."""
 
     @functools.wraps(run_step)
     def run(ctx: StepContext, spec: StepSpec, *args, **kwargs):
-        with log_context(job_id=ctx.job.id, run=ctx.run, step=spec.name):
+        with log_context(job_id=ctx.job.id, run=ctx.run, step=spec.name), _step_span(ctx, spec):
             return run_step(ctx, spec, *args, **kwargs)
 
     return run
+
+
+def _step_span(ctx: StepContext, spec: StepSpec):
+    """The step's span in its run's trace (config.tracing.job_span), whatever message woke this execution."""
+    if not tracing.enabled():
+        return nullcontext()
+    return tracing.job_span(f"payonce.step {spec.name}", ctx.job.trace_context, **{
+        "payonce.job_id": str(ctx.job.id), "payonce.run": ctx.run, "payonce.step": spec.name,
+        "payonce.kind": ctx.job.kind, "payonce.rung": ctx.rung or None})
 
 
 @_logged_as_step

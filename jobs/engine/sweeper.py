@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from config import tracing
 from config.logs import log_event
 from config.metrics import count
 from executor.record import deadline_message
@@ -28,7 +29,8 @@ def sweep(limit: int = 500) -> list[tuple]:
     """Claim stuck jobs and say where each resumes: [(job_id, run, kind, stage_index, queued)]. A queued
     job's doorbell was lost: it is rung again, and starts in its turn (jobs.dispatch)."""
     resumed = []
-    for job_id, run, kind, queued in selectors.stuck_jobs(handoff=timedelta(seconds=settings.ENQUEUE_LEASE_S), limit=limit):
+    handoff = timedelta(seconds=settings.ENQUEUE_LEASE_S)
+    for job_id, run, kind, queued, trace_context in selectors.stuck_jobs(handoff=handoff, limit=limit):
         # The claim: two sweepers may both have read this job as stuck; the UPDATE re-checks the lease on
         # the committed row, so only the first pushes it out and resumes the job.
         claimed = Job.objects.filter(
@@ -50,6 +52,10 @@ def sweep(limit: int = 500) -> list[tuple]:
             continue
         logger.info("sweeper: resuming job %s run %s at stage %s", job_id, run, stage_index)
         log_event(logger, "sweeper.recovered", job_id=job_id, run=run, kind=kind, stage_index=stage_index)
+        # The re-ring in the run's trace, linked to this sweep's own span: the stage it sends joins that trace.
+        with tracing.job_span("payonce.sweep.resume", trace_context, **{
+                "payonce.job_id": str(job_id), "payonce.run": run, "payonce.stage_index": stage_index}):
+            pass
         count("sweeper_recoveries", what="stuck_job")
         resumed.append((str(job_id), run, kind, stage_index, queued))
     return resumed

@@ -18,6 +18,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 
+from config import tracing
 from executor.models import Attempt
 from executor.store import client_store
 from jobs import selectors
@@ -232,7 +233,7 @@ class JobAdmin(adminkit.ActionAdmin, admin.ModelAdmin):
         return TemplateResponse(request, "admin/jobs/job/timeline.html", {
             **self.admin_site.each_context(request), "title": f"Job {job.id}", "job": job, "opts": Job._meta,
             "summary": summary, "report": kind_facts(job),  # the template's section is the report's
-            "waiting": selectors.job_waiting(job),
+            "waiting": selectors.job_waiting(job), "trace_id": tracing.trace_id_of(job.trace_context),
             "input_text": _json_shown(job.input), "metadata_text": _json_shown(job.metadata),
             "entries": entries, "runs": timeline_by_run(entries, summary), "older_left_out": older_left_out,
             "actions": [(reverse("admin:jobs_job_bulk", args=[action.name]) + one, action.verb)

@@ -354,6 +354,8 @@ export interface components {
             started_at: string | null;
             /** Format: date-time */
             completed_at: string | null;
+            /** @description The trace of the job's current run (32 hex digits, W3C) when traces are exported and the run was sampled, else null. */
+            trace_id: string | null;
         };
         /** @description Unknown fields are errors: a typo such as "polcy" must not be silently ignored. */
         JobCreateRequest: {
@@ -404,6 +406,8 @@ export interface components {
             started_at: string | null;
             /** Format: date-time */
             completed_at: string | null;
+            /** @description The trace of the job's current run (32 hex digits, W3C) when traces are exported and the run was sampled, else null. */
+            trace_id: string | null;
             /** @description null, or why the job waits on payonce: client_limit (queued: your jobs in progress are at your limit), turn (queued: started in its turn across clients, by priority), provider_limit (started: its call waits unsent while a provider's calls in flight are at their limit). */
             readonly waiting: components["schemas"]["JobWaiting"] | null;
         };

@@ -1,0 +1,143 @@
+"""A paid call as a span (docs/operating.md, "Traces"): the executor's own spans, where no instrumentation
+can know what a call costs or whether it was paid.
+
+Every call sent to a provider under an attempt's upstream key for the first time is one span,
+`payonce.provider_call` (config.tracing.PROVIDER_CALL), a child of the step that sends it, in the job's
+trace. It ends when the provider's answer (or the lack of one) is in hand and is exported at once, before the
+answer is recorded (config.tracing.ExportPaidCallsAtOnce), with what the answer says: `payonce.paid` yes,
+no or unknown, the cost and where it comes from, and for an LLM call the GenAI conventions' token counts.
+Its span id is the upstream key's (config.tracing.span_id_for), so:
+
+- a send of the same key again (an unknown outcome resolved by resending) is `payonce.provider_resend`,
+  linked to the call, never a second paid call; a lookup that finds the work is the instrumented request
+  inside the resolving step;
+- a worker killed while its call was out never ends that span: the execution that takes the attempt over
+  (it finds the attempt `submitting` with no answer recorded) emits it, `payonce.recovered`, from the
+  moment the call went out, under the same id. Had the dead worker exported it after all (killed between
+  the export and the commit), the collector holds the same span twice, never two paid calls.
+
+The render's end (its poll that finds it done, and the settled cost) is an event on the step that records
+it, naming the call's span.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from opentelemetry.trace import SpanKind
+
+from billing import rates
+from config import tracing
+from executor.models import Attempt, AttemptState
+
+RESEND = "payonce.provider_resend"
+
+
+@dataclass
+class Call:
+    """What the caller learns from the provider, set on the span before it ends."""
+
+    span: object | None
+    attributes: dict = field(default_factory=dict)
+
+    def answered(self, *, paid: str, cost_usd=None, cost_source: str | None = None, usage: dict | None = None,
+                 status: int | None = None, error_class: str | None = None) -> None:
+        if self.span is None:
+            return
+        self.span.set_attribute("payonce.paid", paid)
+        if cost_usd is not None:
+            self.span.set_attribute("payonce.cost_usd", str(cost_usd))
+            self.span.set_attribute("payonce.cost_source", cost_source or "quoted")
+        if status is not None:
+            self.span.set_attribute("http.response.status_code", status)
+        if error_class:
+            self.span.set_attribute("error.type", str(error_class))
+        for name, tokens in _gen_ai_usage(usage).items():
+            self.span.set_attribute(name, tokens)
+
+
+def _gen_ai_usage(usage: dict | None) -> dict:
+    """The GenAI semantic conventions' token attributes, from an attempt's usage (executor.providers.base.Usage)."""
+    if not usage:
+        return {}
+    tokens = {"gen_ai.usage.input_tokens": int(usage.get("input_tokens") or 0),
+              "gen_ai.usage.output_tokens": int(usage.get("output_tokens") or 0)}
+    if usage.get("cache_read_tokens"):
+        tokens["gen_ai.usage.cache_read.input_tokens"] = int(usage["cache_read_tokens"])
+    if usage.get("cache_write_tokens"):
+        tokens["gen_ai.usage.cache_creation.input_tokens"] = int(usage["cache_write_tokens"])
+    return tokens
+
+
+def _attributes(attempt: Attempt, *, text: bool) -> dict:
+    attributes = {"payonce.job_id": str(attempt.job_id), "payonce.run": attempt.run, "payonce.step": attempt.step,
+                  "payonce.attempt": attempt.number, "payonce.provider": attempt.provider,
+                  "payonce.model": attempt.model_name, "payonce.upstream_key": attempt.upstream_key}
+    if text:
+        attributes.update({"gen_ai.operation.name": "chat", "gen_ai.system": attempt.provider,
+                           "gen_ai.request.model": attempt.model})
+    return attributes
+
+
+def derived_cost(attempt: Attempt, usage: dict | None):
+    """The rate card's cost of a call (what record.end would derive), for a span that ends before the
+    attempt's end is written; None when nothing prices it. Only when traces record."""
+    return rates.cost_of(attempt.model_name, usage, params=(attempt.request or {}).get("params"))
+
+
+@contextmanager
+def provider_call(attempt: Attempt, *, text: bool = False):
+    """Around a call sent to a provider under the attempt's key (its `sends` already counted): the paid
+    call's span for the key's first send, a resend's span linked to it for any later one. Yields a Call
+    (its span None when nothing records)."""
+    if not tracing.enabled():
+        yield Call(None)
+        return
+    call_id = tracing.span_id_for(attempt.upstream_key)
+    attributes = _attributes(attempt, text=text)
+    if attempt.sends > 1:
+        with tracing.span_with_id(RESEND, None, kind=SpanKind.CLIENT, links=tracing.link_here(call_id),
+                                  **attributes, **{"payonce.send": attempt.sends}) as span:
+            yield Call(span)
+        return
+    with tracing.span_with_id(tracing.PROVIDER_CALL, call_id, kind=SpanKind.CLIENT, **attributes) as span:
+        yield Call(span)
+
+
+def recover(attempt: Attempt) -> None:
+    """A render's attempt found `submitting` by the execution resolving it: if it went out and its sender
+    recorded nothing of an answer, the sender died with the call out and never ended its span. The first
+    execution to note so on the row (a conditional update: one wins, however many resolve it in turn)
+    emits the paid call (recovered)."""
+    if not tracing.enabled() or attempt.sends < 1 or attempt.error or attempt.error_class or attempt.last_status:
+        return  # nothing went out, or the sender lived to record an answer: its span went before that
+    note = "its sender stopped while the call was out; resolved by what the provider can do"
+    if Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, error__isnull=True,
+                              error_class__isnull=True, last_status__isnull=True).update(error=note):
+        attempt.error = note
+        recovered(attempt)
+
+
+def recovered(attempt: Attempt, *, text: bool = False) -> None:
+    """The paid call of an attempt whose sender died with the call out, emitted by the execution that took
+    it over (which won the conditional update that says so): from the moment it went out to now, under the
+    call's own span id. Paid: unknown (what the resolution finds is on the record)."""
+    if not tracing.enabled() or attempt.sends < 1:
+        return
+    sent = attempt.submitted_at or attempt.created_at
+    with tracing.span_with_id(tracing.PROVIDER_CALL, tracing.span_id_for(attempt.upstream_key), kind=SpanKind.CLIENT,
+                              start_time=int(sent.timestamp() * 1e9), **_attributes(attempt, text=text),
+                              **{"payonce.recovered": True, "payonce.paid": "unknown"}):
+        pass
+
+
+def ended(attempt: Attempt) -> None:
+    """An attempt's end, recorded by this execution: an event on the step's span, naming its call's span."""
+    if not tracing.enabled():
+        return
+    tracing.event("payonce.attempt.ended", **{
+        "payonce.upstream_key": attempt.upstream_key, "payonce.attempt": attempt.number,
+        "payonce.state": str(attempt.state), "payonce.paid": str(attempt.paid),
+        "payonce.cost_usd": str(attempt.cost_usd) if attempt.cost_usd is not None else None,
+        "payonce.cost_source": attempt.cost_source or None,
+        "payonce.provider_call.span_id": f"{tracing.span_id_for(attempt.upstream_key):016x}" if attempt.sends else None,
+    })

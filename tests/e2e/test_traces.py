@@ -1,0 +1,197 @@
+"""Traces on real processes, read from a real OTLP/HTTP receiver (tests/support/otlp_receiver.py): one trace
+per job run, from the create request to the provider's charge and the webhook, every paid call one span that
+the sandbox's ledger accounts for (docs/operating.md, "Traces")."""
+
+from collections import Counter, defaultdict
+
+import pytest
+
+from jobs.services import client_create
+from tests.support import redis_server
+from tests.conftest import WEBHOOK_TEST_ENV
+from tests.support.books import assert_books_balance
+from tests.support.http_api import HttpApi
+from tests.support.procs import Stack
+from tests.support.reports import CHAPTERS, SUBJECT
+from tests.support.webhook_receiver import WebhookReceiver
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+CALL = "payonce.provider_call"
+# Spans leave a process in batches every 200 ms (and a paid call at once).
+TRACED = {"OTEL_BSP_SCHEDULE_DELAY": 200, "OTEL_SERVICE_NAME": "payonce-test"}
+
+
+def traced_stack(otlp, **env) -> Stack:
+    return Stack(redis_server.url(5), webhooks=True, OTEL_EXPORTER_OTLP_ENDPOINT=otlp.endpoint,
+                 **{**WEBHOOK_TEST_ENV, **TRACED, **env})
+
+
+@pytest.fixture
+def stack(otlp, ledger):  # stopped before the database is flushed
+    processes = traced_stack(otlp).start()
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+def api_for(stack, name: str, **client) -> HttpApi:
+    return HttpApi(stack.url, client_create(name=name, **client))
+
+
+def created(api: HttpApi, body: dict, key: str, path: str = "/v1/jobs") -> dict:
+    if path == "/v1/jobs":
+        response = api.create(body, key=key)
+    else:
+        response = api.http.post(f"{api.base_url}{path}", json=body, headers=api.headers(), timeout=10)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def paid_calls(spans: list[dict]) -> list[dict]:
+    return [span for span in spans if span["name"] == CALL]
+
+
+def assert_calls_are_the_ledger(spans: list[dict], charges: list[dict]) -> dict[str, list[dict]]:
+    """Every charge is one paid call's span (by its upstream key), and every paid call a span of its own:
+    a key's span may arrive twice only as the span its sender exported and the one the execution that took
+    it over emitted again, under the same id (executor.tracing); never two sends as two paid calls."""
+    by_key: dict[str, list[dict]] = defaultdict(list)
+    for span in paid_calls(spans):
+        by_key[span["attributes"]["payonce.upstream_key"]].append(span)
+    charged = Counter(charge["metadata"]["upstream_key"] for charge in charges)
+    assert set(charged) <= set(by_key), f"charges with no paid-call span: {sorted(set(charged) - set(by_key))}"
+    for key, key_spans in by_key.items():
+        assert len({(s["trace_id"], s["span_id"]) for s in key_spans}) == 1, (key, key_spans)
+        sent = [s for s in key_spans if not s["attributes"].get("payonce.recovered")]
+        again = [s for s in key_spans if s["attributes"].get("payonce.recovered")]
+        assert len(sent) <= 1 and len(again) <= 1, (key, key_spans)
+        if key not in charged:  # a call no charge is for was refused, or its outcome is unknown
+            assert {s["attributes"]["payonce.paid"] for s in key_spans} <= {"no", "unknown"}, key_spans
+    assert all(s["attributes"]["payonce.paid"] != "yes" or s["attributes"]["payonce.upstream_key"] in charged
+               for s in paid_calls(spans))
+    return by_key
+
+
+def trace_of(otlp, trace_id: str, ready, timeout: float = 20) -> list[dict]:
+    """The trace's spans once `ready(spans)` holds (the last batches may still be on their way)."""
+    def of_trace(spans):
+        return [span for span in spans if span["trace_id"] == trace_id]
+
+    return of_trace(otlp.wait_for(lambda spans: ready(of_trace(spans)), timeout=timeout,
+                                  message=f"trace {trace_id}"))
+
+
+def children_of(spans: list[dict]) -> dict[str, list[dict]]:
+    children = defaultdict(list)
+    for span in spans:
+        children[span["parent_span_id"]].append(span)
+    return children
+
+
+def test_a_media_job_is_one_trace_from_its_post_to_its_charge_and_its_webhook(stack, otlp, ledger):
+    with WebhookReceiver() as hooks:
+        api = api_for(stack, "traced", webhook_url=hooks.url)
+        job = created(api, {"kind": "media", "models": ["sandbox/video-keyed"],
+                            "input": {"prompt": "a lighthouse at dusk", "render_s": 1}}, key="traced-1")
+        trace_id = job["trace_id"]
+        assert trace_id and len(trace_id) == 32, job
+        done = api.wait(job["id"], timeout=90)
+        assert done["status"] == "succeeded" and done["trace_id"] == trace_id, done
+        spans = trace_of(otlp, trace_id, lambda spans: any(s["name"] == "payonce.webhook.deliver" for s in spans)
+                         and paid_calls(spans))
+        hooks.wait_for(lambda: hooks.requests)
+        delivered = hooks.requests[0]
+
+    names = Counter(span["name"] for span in spans)
+    # The create request is the root: its server span, in the web process, has no parent.
+    roots = [s for s in spans if not s["parent_span_id"]]
+    assert [(s["kind"], s["resource"]["payonce.process"]) for s in roots] == [("SERVER", "web")], roots
+    assert roots[0]["attributes"].get("http.route") == "v1/jobs", roots[0]["attributes"]
+    processes = {s["resource"]["payonce.process"] for s in spans}
+    assert {"web", "worker", "webhooks"} <= processes, processes
+    assert {"payonce.step submit", "payonce.step wait", "payonce.webhook.deliver"} <= set(names), names
+    assert any(name.startswith("run/jobs.run_stage") for name in names), names  # Celery's consumer spans
+    assert any(s["attributes"].get("db.system") == "postgresql" or s["attributes"].get("db.system.name") == "postgresql"
+               for s in spans), "no statement spans (psycopg)"
+    # Every span of the trace hangs off the root: one tree, whatever process sent it.
+    ids = {s["span_id"] for s in spans}
+    assert all(s["parent_span_id"] in ids for s in spans if s["parent_span_id"]), \
+        [s["name"] for s in spans if s["parent_span_id"] and s["parent_span_id"] not in ids]
+
+    charges = assert_books_balance(ledger)
+    by_key = assert_calls_are_the_ledger(spans, charges)
+    assert list(by_key) == [f"payonce-{job['id']}-1"] and names[CALL] == 1
+    call = by_key[f"payonce-{job['id']}-1"][0]
+    assert call["kind"] == "CLIENT" and call["resource"]["payonce.process"] == "worker"
+    expected = {"payonce.job_id": job["id"], "payonce.run": 1, "payonce.attempt": 1, "payonce.provider": "sandbox",
+                "payonce.model": "sandbox/video-keyed", "payonce.paid": "yes", "payonce.cost_usd": "0.400000",
+                "payonce.cost_source": "quoted", "payonce.step": "submit"}
+    assert {name: call["attributes"].get(name) for name in expected} == expected, call["attributes"]
+    # The provider's HTTP request (requests' span) is the call's child.
+    assert any(s["kind"] == "CLIENT" and s["parent_span_id"] == call["span_id"] for s in spans)
+    # The webhook's receiver was handed the trace.
+    assert delivered.headers.get("traceparent", "").split("-")[1] == trace_id, delivered.headers
+    assert done["trace_id"] == trace_id
+
+
+def test_a_report_of_8_chapters_is_one_trace_with_a_paid_call_per_charge_and_its_tokens(stack, otlp, ledger):
+    api = api_for(stack, "traced-report")
+    body = {"kind": "report", "models": ["sandbox/llm"],
+            "input": {"subject": SUBJECT, "chapters": CHAPTERS, "email": "ada@example.com"}}
+    assert len(CHAPTERS) == 8
+    job = created(api, body, key="traced-report-1")
+    done = api.wait(job["id"], timeout=90)
+    assert done["status"] == "succeeded", done
+    charges = assert_books_balance(ledger)
+    spans = trace_of(otlp, job["trace_id"], lambda spans: len(paid_calls(spans)) >= len(charges)
+                     and any(s["name"] == "payonce.step deliver" for s in spans))
+    calls = paid_calls(spans)
+    assert len(calls) == len(charges) >= 8, (len(calls), len(charges))
+    by_key = assert_calls_are_the_ledger(spans, charges)
+    attempts = {(a["upstream_key"]): a for chapter in done["chapters"] for a in chapter["attempts"]}
+    for key, (call,) in by_key.items():
+        attributes = call["attributes"]
+        assert attributes["gen_ai.operation.name"] == "chat" and attributes["gen_ai.request.model"] == "llm"
+        assert attributes["payonce.paid"] == "yes" and attributes["payonce.cost_source"] == "derived"
+        if key in attempts:  # a chapter's call: its tokens and cost are the attempt's
+            usage = attempts[key]["usage"]
+            assert attributes["gen_ai.usage.input_tokens"] == usage["input_tokens"]
+            assert attributes["gen_ai.usage.output_tokens"] == usage["output_tokens"]
+            assert attributes["payonce.cost_usd"] == attempts[key]["cost_usd"]
+    # A step span per chapter, then the synthesis and the delivery, each holding its own calls.
+    names = {s["name"] for s in spans}
+    assert {f"payonce.step chapter-{c}" for c in CHAPTERS} | {"payonce.step synthesis"} <= names, sorted(names)
+    steps = {s["span_id"]: s["attributes"]["payonce.step"] for s in spans if s["name"].startswith("payonce.step ")}
+    assert all(steps.get(call["parent_span_id"]) == call["attributes"]["payonce.step"] for call in calls), \
+        [(call["attributes"]["payonce.step"], steps.get(call["parent_span_id"])) for call in calls]
+
+
+def test_a_paid_order_is_one_trace_from_the_order_to_its_report(stack, otlp, ledger):
+    api = api_for(stack, "traced-order")
+    order = created(api, {"payment_id": "pi_traced", "run_id": "run-traced", "product": "natal-chart",
+                          "input": {"subject": SUBJECT, "chapters": CHAPTERS[:3]}, "email": "buyer@example.com"},
+                    key="", path="/v1/orders")
+    job = api.wait(order["job_id"], timeout=90)
+    assert job["status"] == "succeeded" and job["trace_id"], job
+    charges = assert_books_balance(ledger)
+    spans = trace_of(otlp, job["trace_id"], lambda spans: len(paid_calls(spans)) >= len(charges))
+    roots = [s for s in spans if not s["parent_span_id"]]
+    assert len(roots) == 1 and roots[0]["attributes"].get("http.route") == "v1/orders", roots
+    assert len(paid_calls(spans)) == len(charges) >= 3
+    assert_calls_are_the_ledger(spans, charges)
+
+
+def test_sampling_off_sends_nothing_and_no_job_names_a_trace(otlp, ledger):
+    stack = traced_stack(otlp, OTEL_TRACES_SAMPLER="always_off").start()
+    try:
+        api = api_for(stack, "untraced")
+        job = created(api, {"kind": "media", "models": ["sandbox/image-blind"],
+                            "input": {"prompt": "a quiet harbour", "render_s": 0}}, key="untraced-1")
+        done = api.wait(job["id"], timeout=60)
+    finally:
+        stack.stop()  # a warm shutdown: whatever was batched has been sent by now
+    assert done["status"] == "succeeded" and done["trace_id"] is None and job["trace_id"] is None, done
+    assert len(assert_books_balance(ledger)) == 1
+    assert otlp.requests() == 0, otlp.stats()
