@@ -24,12 +24,14 @@ import os
 import re
 import signal
 import time
+import uuid
 from decimal import Decimal
 
 import psycopg
 import pytest
 import requests
 from django.db import connection
+from django.utils import timezone
 from kombu import Connection
 
 from billing.models import Reservation
@@ -41,6 +43,7 @@ from tests.conftest import HOOK_URL, purge_queue
 from tests.support import redis_server
 from tests.support.books import assert_books_balance
 from tests.support.procs import ProcfileProcess, Stack
+from tests.support.traces import assert_calls_are_the_ledger, traced, wait_for_the_ledger
 from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -71,9 +74,9 @@ def lose_every_message(broker_url: str, how: str) -> None:
 
 
 @pytest.fixture
-def killed_stack(request, transactional_db, ledger):  # stopped before the database is flushed
+def killed_stack(request, transactional_db, ledger, otlp):  # stopped before the database is flushed
     broker_url, worker_command, how = SCENARIOS[request.param]
-    processes = Stack(broker_url, worker_command)
+    processes = Stack(broker_url, worker_command, **traced(otlp))
     try:
         yield processes.start(), broker_url, how
     finally:
@@ -81,7 +84,7 @@ def killed_stack(request, transactional_db, ledger):  # stopped before the datab
 
 
 @pytest.mark.parametrize("killed_stack", list(SCENARIOS), indirect=True)
-def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(killed_stack, ledger):
+def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(killed_stack, ledger, otlp):
     processes, broker_url, how = killed_stack
     worker = processes["worker"]
     credentials = client_create(name="crash", webhook_url=HOOK_URL)  # its events are rows (no webhooks process)
@@ -113,6 +116,7 @@ def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(killed_
             worker.start()
         if round_ == 1:
             lose_every_message(broker_url, how)
+    last_kill = timezone.now()
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -138,16 +142,41 @@ def test_30_renders_survive_sigkills_and_a_lost_broker_and_pay_once_each(killed_
     # One terminal event per job, under its one webhook-id.
     events = sorted(Delivery.objects.filter(job_id__in=job_ids).values_list("id", flat=True))
     assert events == sorted(f"{job_id}:1:generation.succeeded" for job_id in job_ids)
+    assert_traced_through_the_kills(otlp, charges, job_ids, last_kill)
+
+
+def assert_traced_through_the_kills(otlp, charges: list[dict], job_ids: list[str], last_kill=None) -> None:
+    """The traces tell the same story as the ledger (docs/operating.md, "Traces"): every charge is one paid
+    call's span, emitted by its sender or, for a call out when its worker died, by the execution that took
+    it over (`payonce.recovered`), and none twice; the work after the kills is all there (the last step of
+    each job that ended after `last_kill`, in its own trace: what a killed worker had batched is lost)."""
+    spans = wait_for_the_ledger(otlp, charges)
+    by_key = assert_calls_are_the_ledger(spans, charges)
+    # Emitted again only where a worker died during the submit step: the step was taken over.
+    taken_over = {str(job_id) for job_id in Step.objects.filter(job_id__in=job_ids, name="submit", attempts__gte=2)
+                  .values_list("job_id", flat=True)}
+    recovered = {s["attributes"]["payonce.job_id"] for key_spans in by_key.values() for s in key_spans
+                 if s["attributes"].get("payonce.recovered")}
+    assert recovered <= taken_over, (recovered, taken_over)
+    jobs = Job.objects.filter(id__in=job_ids)
+    traces = {job.id: job.trace_context[3:35] for job in jobs}
+    assert all(traces.values()), traces
+    after = {traces[job.id] for job in jobs if last_kill is None or job.completed_at > last_kill}
+    otlp.wait_for(lambda spans: {s["trace_id"] for s in spans if s["name"] == "payonce.step store_output"} >= after,
+                  message=f"the store step of each of the {len(after)} jobs that ended after the last kill")
+    for key, key_spans in by_key.items():
+        job_id = key_spans[0]["attributes"]["payonce.job_id"]
+        assert {s["trace_id"] for s in key_spans} == {traces[uuid.UUID(job_id)]}, (key, key_spans)
 
 
 # --- 2. a worker killed with an attempt out ----------------------------------------------------------
 
 
 @pytest.fixture
-def held_stack(transactional_db, ledger):  # stopped before the database is flushed
+def held_stack(transactional_db, ledger, otlp):  # stopped before the database is flushed
     # A send may take PROVIDER_CONNECT_TIMEOUT_S + PROVIDER_READ_TIMEOUT_S: how long a lookup must wait
     # before "not found" proves a send absent (kept short here).
-    processes = Stack(redis_server.url(10), PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1)
+    processes = Stack(redis_server.url(10), PROVIDER_READ_TIMEOUT_S=6, PROVIDER_CONNECT_TIMEOUT_S=1, **traced(otlp))
     try:
         yield processes.start()
     finally:
@@ -173,6 +202,7 @@ def kill_while_submitting(stack, ledger, model: str, down_s: float = 0.0) -> str
     assert Attempt.objects.get(job_id=job_id).state == "submitting"
 
     stack["worker"].kill()  # while the submit is out: the intent is committed, the answer is not back
+    stack.killed_at = timezone.now()
     time.sleep(down_s)
     stack["worker"].start()
 
@@ -191,7 +221,7 @@ def reservation_of(job_id) -> tuple:
     return reservation.state, reservation.spent, spent, reserved
 
 
-def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(held_stack, ledger):
+def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(held_stack, ledger, otlp):
     job_id = kill_while_submitting(held_stack, ledger, "sandbox/video-keyed")
     assert Job.objects.get(id=job_id).status == "succeeded"
     # The dead worker's reservation was settled by the execution that resolved its attempt.
@@ -203,9 +233,16 @@ def test_worker_killed_while_submitting_resends_the_same_key_and_pays_once(held_
     assert len(charges) == 1
     [attempt] = Attempt.objects.filter(job_id=job_id)
     assert (attempt.number, attempt.state) == (1, "succeeded") and attempt.sends >= 2
+    assert_traced_through_the_kills(otlp, charges, [job_id], held_stack.killed_at)
+    # The call out at the kill, emitted by the execution that took it over; the resend is not a paid call.
+    spans = otlp.spans()
+    [call] = [s for s in spans if s["name"] == "payonce.provider_call"]
+    assert call["attributes"]["payonce.recovered"] is True and call["attributes"]["payonce.paid"] == "unknown"
+    resends = [s for s in spans if s["name"] == "payonce.provider_resend"]
+    assert resends and all(s["links"][0]["span_id"] == call["span_id"] for s in resends), resends
 
 
-def test_a_lookup_model_killed_while_submitting_is_found_and_adopted_with_one_charge(held_stack, ledger):
+def test_a_lookup_model_killed_while_submitting_is_found_and_adopted_with_one_charge(held_stack, ledger, otlp):
     job_id = kill_while_submitting(held_stack, ledger, "sandbox/image-lookup")
 
     assert Job.objects.get(id=job_id).status == "succeeded"
@@ -213,11 +250,13 @@ def test_a_lookup_model_killed_while_submitting_is_found_and_adopted_with_one_ch
     assert [c for c in ledger.calls() if c["kind"] == "lookup"]
     [attempt] = Attempt.objects.filter(job_id=job_id)
     assert (attempt.number, attempt.state, attempt.sends) == (1, "succeeded", 1)
-    assert len(assert_books_balance(ledger)) == 1
+    charges = assert_books_balance(ledger)
+    assert len(charges) == 1
+    assert_traced_through_the_kills(otlp, charges, [job_id], held_stack.killed_at)
     assert reservation_of(job_id) == ("settled", Decimal("0.04"), Decimal("0.04"), Decimal("0"))
 
 
-def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charge(held_stack, ledger):
+def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charge(held_stack, ledger, otlp):
     job_id = kill_while_submitting(held_stack, ledger, "sandbox/image-blind")
 
     job = Job.objects.get(id=job_id)
@@ -230,7 +269,11 @@ def test_a_blind_model_killed_while_submitting_waits_for_a_person_with_one_charg
     [attempt] = Attempt.objects.filter(job_id=job_id)
     assert attempt.state == "uncertain"
     assert list(Delivery.objects.filter(job_id=job_id).values_list("event", flat=True)) == ["generation.needs_review"]
-    assert len(assert_books_balance(ledger)) == 1
+    charges = assert_books_balance(ledger)
+    assert len(charges) == 1
+    spans = wait_for_the_ledger(otlp, charges)  # the call out at the kill: its span, recovered, paid unknown
+    [call] = assert_calls_are_the_ledger(spans, charges)[attempt.upstream_key]
+    assert (call["attributes"]["payonce.recovered"], call["attributes"]["payonce.paid"]) == (True, "unknown")
     # Held while nobody knows; a person's decision (here: cancel) keeps it as spent. Nothing stays reserved.
     assert reservation_of(job_id) == ("held", None, Decimal("0"), Decimal("0.04"))
     from jobs.services import job_cancel

@@ -12,19 +12,14 @@ from tests.conftest import WEBHOOK_TEST_ENV
 from tests.support.books import assert_books_balance
 from tests.support.http_api import HttpApi
 from tests.support.procs import Stack
+from tests.support.traces import CALL, assert_calls_are_the_ledger, paid_calls, traced
 from tests.support.reports import CHAPTERS, SUBJECT
 from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-CALL = "payonce.provider_call"
-# Spans leave a process in batches every 200 ms (and a paid call at once).
-TRACED = {"OTEL_BSP_SCHEDULE_DELAY": 200, "OTEL_SERVICE_NAME": "payonce-test"}
-
-
 def traced_stack(otlp, **env) -> Stack:
-    return Stack(redis_server.url(5), webhooks=True, OTEL_EXPORTER_OTLP_ENDPOINT=otlp.endpoint,
-                 **{**WEBHOOK_TEST_ENV, **TRACED, **env})
+    return Stack(redis_server.url(5), webhooks=True, **{**WEBHOOK_TEST_ENV, **traced(otlp), **env})
 
 
 @pytest.fixture
@@ -47,31 +42,6 @@ def created(api: HttpApi, body: dict, key: str, path: str = "/v1/jobs") -> dict:
         response = api.http.post(f"{api.base_url}{path}", json=body, headers=api.headers(), timeout=10)
     assert response.status_code == 201, response.text
     return response.json()
-
-
-def paid_calls(spans: list[dict]) -> list[dict]:
-    return [span for span in spans if span["name"] == CALL]
-
-
-def assert_calls_are_the_ledger(spans: list[dict], charges: list[dict]) -> dict[str, list[dict]]:
-    """Every charge is one paid call's span (by its upstream key), and every paid call a span of its own:
-    a key's span may arrive twice only as the span its sender exported and the one the execution that took
-    it over emitted again, under the same id (executor.tracing); never two sends as two paid calls."""
-    by_key: dict[str, list[dict]] = defaultdict(list)
-    for span in paid_calls(spans):
-        by_key[span["attributes"]["payonce.upstream_key"]].append(span)
-    charged = Counter(charge["metadata"]["upstream_key"] for charge in charges)
-    assert set(charged) <= set(by_key), f"charges with no paid-call span: {sorted(set(charged) - set(by_key))}"
-    for key, key_spans in by_key.items():
-        assert len({(s["trace_id"], s["span_id"]) for s in key_spans}) == 1, (key, key_spans)
-        sent = [s for s in key_spans if not s["attributes"].get("payonce.recovered")]
-        again = [s for s in key_spans if s["attributes"].get("payonce.recovered")]
-        assert len(sent) <= 1 and len(again) <= 1, (key, key_spans)
-        if key not in charged:  # a call no charge is for was refused, or its outcome is unknown
-            assert {s["attributes"]["payonce.paid"] for s in key_spans} <= {"no", "unknown"}, key_spans
-    assert all(s["attributes"]["payonce.paid"] != "yes" or s["attributes"]["payonce.upstream_key"] in charged
-               for s in paid_calls(spans))
-    return by_key
 
 
 def trace_of(otlp, trace_id: str, ready, timeout: float = 20) -> list[dict]:
