@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import re
+import statistics
 import sys
 import threading
 import time
@@ -121,7 +122,8 @@ def process_cpu() -> dict[int, tuple[str, float]]:
 
 def _group(cmdline: str) -> str:
     # uvicorn's --workers children are multiprocessing spawns (their command line does not say uvicorn).
-    for needle, name in (("uvicorn", "web"), ("multiprocessing.spawn", "web"), ("celery", "worker"), ("sandbox", "sandbox"), ("postgres", "postgres"),
+    for needle, name in (("uvicorn", "web"), ("multiprocessing.spawn", "web"), ("celery", "worker"),
+                         ("otlp_receiver", "otlp receiver"), ("sandbox", "sandbox"), ("postgres", "postgres"),
                          ("redis", "redis"), ("bench/", "load generator (this script)")):
         if needle in cmdline:
             return name
@@ -184,10 +186,90 @@ def statements_per_job(credentials: dict, sample: int = 50) -> tuple[float, floa
     return len(captured) / sample, commits
 
 
+def tracing_overhead(stack: Stack, credentials: dict, jobs: int, rounds: int) -> None:
+    """Issue 43: the cost of tracing every job, in one run. `web` and `worker` are started again for each
+    phase, without traces and then with every span exported (OTLP/HTTP, the SDK's defaults but a 1 s batch
+    delay) to a receiver process standing in for a collector (tests/support/otlp_receiver.py: it decodes
+    every span and writes it to a file, a collector's work); the phases alternate, `rounds` of each, and the
+    medians are compared. CPU per job is the whole machine's, and payonce's own (web, worker, PostgreSQL,
+    Redis, the sandbox: without the receiver, whose work a collector on another machine would do).
+    Run: `.venv/bin/python bench/e2e_throughput.py --tracing [--jobs 2000 --rounds 2]`."""
+    from tests.support.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver(out=stack.workdir / "spans.jsonl").start()
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "1000",
+              "OTEL_SERVICE_NAME": "payonce-bench"}
+    phases: dict[str, list[tuple[float, dict]]] = {"off": [], "on": []}
+    try:
+        for _ in range(rounds):
+            for phase in ("off", "on"):
+                env = traced if phase == "on" else {}
+                for name in ("web", "worker"):
+                    if name in stack.processes:
+                        stack.processes[name].stop(timeout=30)
+                    stack.start(name, **env)
+                receiver.reset()
+                rate, counts = payonce(stack, credentials, jobs)
+                counts["spans"] = receiver.stats()["spans"] if phase == "on" else 0
+                phases[phase].append((rate, counts))
+                print(f"  tracing {phase:3}: {rate:6.1f} jobs/s, {counts['cpu_ms']:5.1f} ms whole-machine CPU per job "
+                      f"({_cpu_line(counts)}), {counts['spans'] / jobs:.1f} spans per job exported", flush=True)
+    finally:
+        receiver.stop()
+        receiver.cleanup()
+
+    def median(phase: str, value) -> float:
+        return statistics.median(value(rate, counts) for rate, counts in phases[phase])
+
+    def own_cpu(rate, counts) -> float:  # payonce's processes, without the stand-in collector
+        return sum(ms for group, ms in counts["by_process"].items() if group not in ("otlp receiver", "other"))
+
+    figures = {
+        "jobs/s": (median("off", lambda rate, counts: rate), median("on", lambda rate, counts: rate)),
+        "whole-machine CPU ms per job": (median("off", lambda rate, counts: counts["cpu_ms"]),
+                                         median("on", lambda rate, counts: counts["cpu_ms"])),
+        "payonce's CPU ms per job (no receiver)": (median("off", own_cpu), median("on", own_cpu)),
+        "worker CPU ms per job": (median("off", lambda rate, counts: counts["by_process"].get("worker", 0)),
+                                  median("on", lambda rate, counts: counts["by_process"].get("worker", 0))),
+        "web CPU ms per job": (median("off", lambda rate, counts: counts["by_process"].get("web", 0)),
+                               median("on", lambda rate, counts: counts["by_process"].get("web", 0))),
+    }
+    print(f"tracing overhead, medians of {rounds} rounds of {jobs} jobs each (off, then on, alternating):")
+    for name, (off, on) in figures.items():
+        change = (on - off) / off if off else 0.0
+        print(f"  {name:42} off {off:7.2f}   on {on:7.2f}   {change:+.1%}")
+    off, on = figures["jobs/s"]
+    record("jobs/s with every job traced", on, "jobs/s", baseline=off, baseline_is="tracing off, same run",
+           ratio=on / off, target=">= 0.90 of tracing off", met=on / off >= 0.90)
+    off, on = figures["payonce's CPU ms per job (no receiver)"]
+    record("payonce's CPU per job with every job traced", on, "ms", baseline=off, baseline_is="tracing off, same run",
+           ratio=on / off, target="<= 1.10 of tracing off", met=on / off <= 1.10)
+
+
+def _cpu_line(counts: dict) -> str:
+    return ", ".join(f"{group} {ms:.1f}" for group, ms in counts["by_process"].items() if ms >= 0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--tracing", action="store_true",
+                        help="issue 43: jobs/s and CPU per job with tracing off and on, alternating (only that)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --tracing: rounds of each phase")
     args = parser.parse_args()
+    if args.tracing:
+        stack = Stack()
+        credentials = stack.prepare()
+        stack.configure_this_process()
+        try:
+            stack.start("sandbox")
+            tracing_overhead(stack, credentials, args.jobs, args.rounds)
+        finally:
+            from jobs.models import Job
+
+            stack.stop()
+            Job.objects.filter(client_id=credentials["client_id"]).delete()
+        return
 
     stack = Stack()
     credentials = stack.prepare()

@@ -63,8 +63,9 @@ class Stack:
         # A benchmark pays for thousands of renders: its client's cap must not be what it measures.
         return json.loads(self.manage("create_client", f"bench-{int(time.time())}", "--monthly-cap-usd", "999999"))
 
-    def start(self, name: str, timeout: float = 30) -> None:
-        process = self.processes[name] = ProcfileProcess(name, base=self.env, log_dir=self.workdir)
+    def start(self, name: str, timeout: float = 30, **env) -> None:
+        """Start a Procfile process; `env` on top of the stack's (a start of the same name again replaces it)."""
+        process = self.processes[name] = ProcfileProcess(name, env, base=self.env, log_dir=self.workdir)
         try:
             process.start(timeout)
         except RuntimeError as failed:  # a benchmark's failure is one message, not a traceback

@@ -36,6 +36,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 
@@ -90,7 +91,8 @@ def setup(process: str) -> bool:
                                     "service.version": __version__, "payonce.process": process})
         provider = TracerProvider(resource=resource, sampler=_NoOrphanClients(_get_from_env_or_default()),
                                   id_generator=_IdGenerator())
-        provider.add_span_processor(ExportPaidCallsAtOnce(BatchSpanProcessor(OTLPSpanExporter()), OTLPSpanExporter()))
+        provider.add_span_processor(ExportPaidCallsAtOnce(BatchSpanProcessor(OTLPSpanExporter()),
+                                                          OTLPSpanExporter(timeout=PAID_CALL_EXPORT_TIMEOUT_S)))
         trace.set_tracer_provider(provider)
         _tracer = trace.get_tracer("payonce")
         _instrument(process)
@@ -287,37 +289,50 @@ class _NoOrphanClients(Sampler):
         return f"NoOrphanClients{{{self._sampler.get_description()}}}"
 
 
+# A paid call's span is sent before its answer is recorded (ExportPaidCallsAtOnce): the most that sending may
+# hold the call's thread, and how long the batch takes those spans instead after a send failed.
+PAID_CALL_EXPORT_TIMEOUT_S = 1.0
+PAID_CALL_EXPORT_PAUSE_S = 30.0
+
+
 class ExportPaidCallsAtOnce(SpanProcessor):
     """The batch for every span, but a paid call's span is exported the moment it ends, before the call's
     answer is committed: a worker killed after its call returned loses no paid call from its batch (the
     execution that takes the attempt over sees its answer recorded and emits nothing). One POST per paid
-    call, serialised in the process; a failed export is logged by the exporter and the span is lost, as a
-    batch's would be."""
+    call, serialised in the process, bounded by PAID_CALL_EXPORT_TIMEOUT_S. A trace never stops paid work:
+    after a send that failed (the collector down or slow), paid calls go into the batch like any span for
+    PAID_CALL_EXPORT_PAUSE_S, so an outage costs one call a second at most, then nothing."""
 
     def __init__(self, batch, exporter):
         self._batch = batch
         self._exporter = exporter
         self._lock = threading.Lock()
+        self._paused_until = 0.0
 
     def on_start(self, span, parent_context=None):
         self._batch.on_start(span, parent_context=parent_context)
 
     def on_end(self, span):
-        if span.name != PROVIDER_CALL:
+        if span.name != PROVIDER_CALL or time.monotonic() < self._paused_until:
             self._batch.on_end(span)
             return
         if not span.context.trace_flags.sampled:
             return
         from opentelemetry.context import attach, detach, set_value, _SUPPRESS_INSTRUMENTATION_KEY
+        from opentelemetry.sdk.trace.export import SpanExportResult
 
         token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))  # the export's own POST is not traced
         try:
             with self._lock:
-                self._exporter.export((span,))
-        except Exception:  # a trace never stops paid work
-            logger.warning("traces: a paid call's span could not be exported", exc_info=True)
+                sent = self._exporter.export((span,)) is SpanExportResult.SUCCESS
+        except Exception:  # noqa: BLE001 - a trace never stops paid work
+            logger.warning("traces: a paid call's span could not be sent", exc_info=True)
+            sent = False
         finally:
             detach(token)
+        if not sent:
+            self._paused_until = time.monotonic() + PAID_CALL_EXPORT_PAUSE_S
+            self._batch.on_end(span)  # the batch tries again later
 
     def shutdown(self):
         self._batch.shutdown()

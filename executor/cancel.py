@@ -7,6 +7,7 @@ from django.db import transaction
 
 from config.metrics import count
 from executor import record, services
+from executor import tracing as provider_tracing
 from executor.models import Attempt, AttemptState
 from executor.providers.base import ErrorClass
 from executor.record import Money
@@ -85,4 +86,7 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
         if ended:
             record.move_money(attempt.upstream_key, money, cost=None)
             record.log(f"attempt.{state.value}", attempt, error_class=error_class)
+    if ended and not unsent:
+        # A sender that died with its call out never ended the call's span: it is emitted here, once.
+        provider_tracing.orphan_ended(attempt)
     return None

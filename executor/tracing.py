@@ -103,18 +103,33 @@ def provider_call(attempt: Attempt, *, text: bool = False):
         yield Call(span)
 
 
+def _died_with_call_out(attempt: Attempt) -> bool:
+    """The attempt (as read before it was taken over) went out, and its sender recorded nothing of an
+    answer: no error, no status. A sender that lived to see any answer records it, after its span ended."""
+    return attempt.sends >= 1 and not (attempt.error or attempt.error_class or attempt.last_status)
+
+
 def recover(attempt: Attempt) -> None:
-    """A render's attempt found `submitting` by the execution resolving it: if it went out and its sender
-    recorded nothing of an answer, the sender died with the call out and never ended its span. The first
-    execution to note so on the row (a conditional update: one wins, however many resolve it in turn)
-    emits the paid call (recovered)."""
-    if not tracing.enabled() or attempt.sends < 1 or attempt.error or attempt.error_class or attempt.last_status:
-        return  # nothing went out, or the sender lived to record an answer: its span went before that
+    """A render's attempt found `submitting` by the execution resolving it: if its sender died with the
+    call out, the first execution to note so on the row (a conditional update: one wins, however many
+    resolve it in turn) emits the paid call its sender never ended (recovered)."""
+    if not tracing.enabled() or not _died_with_call_out(attempt):
+        return
     note = "its sender stopped while the call was out; resolved by what the provider can do"
     if Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, error__isnull=True,
                               error_class__isnull=True, last_status__isnull=True).update(error=note):
         attempt.error = note
         recovered(attempt)
+
+
+def orphan_ended(attempt: Attempt) -> None:
+    """A cancelled job's attempt left `submitting`, just ended (executor.cancel; `attempt` as it was read
+    before): if its sender died with the call out, its paid call is emitted here, in the job's trace, once:
+    the end was conditional."""
+    if tracing.enabled() and _died_with_call_out(attempt):
+        with tracing.job_span("payonce.cancel.orphan", attempt.job.trace_context,
+                              **{"payonce.job_id": str(attempt.job_id)}):
+            recovered(attempt)
 
 
 def recovered(attempt: Attempt, *, text: bool = False) -> None:

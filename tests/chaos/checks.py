@@ -30,6 +30,8 @@ from decimal import Decimal
 
 import psycopg
 
+from tests.support.traces import assert_calls_are_the_ledger, paid_calls, wait_for_the_ledger
+
 BLIND = {"image-blind", "llm"}  # neither a key nor a lookup: only a person may pay again (llm: its 3 tries too)
 # What each aimed kill (storm.Storm.aimed_kill) counts of the work it caught in flight.
 AIMED_HIT = {"submit_in_flight": "calls_out", "answer_before_commit": "attempts_held",
@@ -134,6 +136,7 @@ def run_all(storm, final: dict, ledger: dict, generations: dict) -> Result:
     check_running_limits(storm, result)
     check_catalog(storm, result)
     check_landed(storm, final, result)
+    check_traces(storm, ledger, result)
     recovery(storm, result)
     for what in storm.record.unexpected:
         result.fail(f"unexpected: {what}")
@@ -142,6 +145,25 @@ def run_all(storm, final: dict, ledger: dict, generations: dict) -> Result:
     for error in [e for e in storm.record.server_errors if e[3] != 503][:5]:
         result.fail(f"a {error[3]} answer: {error}")
     return result
+
+
+def check_traces(storm, ledger: dict, result: Result) -> None:
+    """With --traces: the paid calls of the traces are the ledger (tests/support/traces.py), through every
+    kill, flush and restart of the storm."""
+    if getattr(storm, "otlp", None) is None:
+        return
+    charges = ledger["charges"]
+    try:
+        spans = wait_for_the_ledger(storm.otlp, charges, timeout=30)
+        by_key = assert_calls_are_the_ledger(spans, charges)
+    except AssertionError as failed:
+        result.fail(f"traces: {str(failed)[:1500]}")
+        return
+    recovered = sum(1 for key_spans in by_key.values() for span in key_spans
+                    if span["attributes"].get("payonce.recovered"))
+    result.figures["traces"] = (f"{len(paid_calls(spans))} paid-call spans ({recovered} emitted by the execution that "
+                                f"took a call over) for {len(charges)} charges; {len({s['trace_id'] for s in spans})} "
+                                f"traces, {len(spans)} spans")
 
 
 def check_jobs(storm, final: dict, result: Result) -> None:
@@ -568,6 +590,7 @@ def summary(storm, final: dict, ledger: dict, result: Result) -> str:
         f"duplicate paid calls {f['duplicate paid calls']}; paid failures (failed at the sandbox) paid again "
         f"within policy.paid_retries: {f['paid failures then a new attempt']}; paid again after a person's retry "
         f"{f['person paid again']}; LLM calls paid again within their 3 tries {f['rule paid again']}",
+        *([f"traces: {f['traces']}"] if "traces" in f else []),
         f"webhooks: {f['events delivered']}/{f['events expected']} events delivered, {f['deliveries']} deliveries, "
         f"{f['deliveries failed by the receiver']} failed by the receiver, {f['redelivered after a 2xx']} "
         f"redelivered after a 2xx (deduped by webhook-id); missing {f['missing']}",

@@ -28,6 +28,8 @@ from tests.chaos import checks
 from tests.chaos.plan import CLIENTS, Event, JobPlan, Plan, make_plan
 from tests.chaos.receiver import FlakyReceiver
 from tests.chaos.stack import Stack
+from tests.support.otlp_receiver import OtlpReceiver
+from tests.support.traces import traced
 
 CAPS = {"alpha": "100000", "beta": "100000", "capped": "4"}  # the third client's cap binds
 # Each client's limits, set by an operator's command (manage.py client_limits): jobs in progress at once and
@@ -110,8 +112,13 @@ class Storm:
 
             self.hosts = Hosts(["web", "worker0", "worker1", "webhooks", "beat"]).__enter__()
         self.stack = self.make_stack()
+        self.otlp = None
         ok = False
         try:
+            if args.traces:  # every process exports its spans to a receiver of the storm's (checks.check_traces)
+                self.otlp = OtlpReceiver(out=self.stack.workdir / "spans.jsonl").start()
+                self.stack.env.update(traced(self.otlp))
+                self.stack.local_env.update(traced(self.otlp))
             self.stack.prepare()
             self.receiver = FlakyReceiver(args.seed, host=self.stack.service_host).__enter__()
             self.clients = {}
@@ -130,6 +137,8 @@ class Storm:
         finally:
             self.stop_chaos.set()
             self.stop_sampling.set()
+            if self.otlp is not None:
+                self.otlp.stop()
             self.stack.stop(keep=args.keep or not ok)
             if self.hosts:
                 self.hosts.__exit__(None, None, None)
@@ -667,7 +676,11 @@ def main(argv=None, storm=Storm, prog="python -m tests.chaos", database="payonce
                         help="host:port of the loopback Redis whose --redis-db is the broker (the suite passes its own)")
     parser.add_argument("--no-pg-restart", action="store_true", help="never restart the storm's PostgreSQL")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
+    parser.add_argument("--traces", action="store_true",
+                        help="export every process's spans to a receiver, and check that its paid calls are the ledger")
     args = parser.parse_args(argv)
+    if args.traces and args.hosts:
+        parser.error("--traces runs its receiver on loopback: not with --hosts")
     if args.submit_s is None:
         args.submit_s = storm.submit_s(args.jobs)
     return storm(args).run()

@@ -2,7 +2,8 @@
 Redis, with every fault of the long one: sandbox faults of every action, workers SIGKILLed at random and
 at the dangerous moments, the broker flushed, PostgreSQL restarted and the processes' connections cut
 (pg_terminate_backend), the sandbox crashed, the webhook worker killed. It checks from the outside
-(tests/chaos/checks.py) and exits non-zero when any check fails.
+(tests/chaos/checks.py) and exits non-zero when any check fails. Every process exports its spans to a
+receiver of the storm's (--traces), and the paid calls of the traces must be the ledger's charges.
 
 Three storms: two fixed seeds (from tests/chaos/pinned.py, so a bug they once found stays found) and a
 fresh one of 60 jobs (so that `make test` stays within its 20 minutes). Each prints its seed and size
@@ -36,7 +37,7 @@ def storm(seed: int, jobs: int) -> None:
     print(f"chaos: CHAOS_SEED={seed} jobs={jobs}", flush=True)
     run = subprocess.run(
         [sys.executable, "-m", "tests.chaos", "--seed", str(seed), "--jobs", str(jobs),
-         "--database", "payonce_chaos_ci", "--redis", redis_server.address(), "--redis-db", "6"],
+         "--database", "payonce_chaos_ci", "--redis", redis_server.address(), "--redis-db", "6", "--traces"],
         cwd=REPO_ROOT, env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"},
         capture_output=True, text=True, timeout=600,
     )

@@ -2,6 +2,9 @@
 per job run, from the create request to the provider's charge and the webhook, every paid call one span that
 the sandbox's ledger accounts for (docs/operating.md, "Traces")."""
 
+import socket
+import threading
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -165,3 +168,52 @@ def test_sampling_off_sends_nothing_and_no_job_names_a_trace(otlp, ledger):
     assert done["status"] == "succeeded" and done["trace_id"] is None and job["trace_id"] is None, done
     assert len(assert_books_balance(ledger)) == 1
     assert otlp.requests() == 0, otlp.stats()
+
+
+class BlackHole:
+    """A collector that takes connections and never answers: the worst an exporter can meet."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._hold, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _hold(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:  # closed
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for held in self.held:
+            held.close()
+
+
+def test_a_collector_that_never_answers_holds_a_paid_call_a_second_at_most_once(ledger):
+    hole = BlackHole()
+    stack = Stack(redis_server.url(5), **{**traced(hole), "OTEL_EXPORTER_OTLP_TIMEOUT": 5}).start()
+    try:
+        api = api_for(stack, "collector-down")
+        started = time.monotonic()
+        jobs = [created(api, {"kind": "media", "models": ["sandbox/image-blind"],
+                              "input": {"prompt": f"harbour {n}", "render_s": 0}}, key=f"down-{n}") for n in range(8)]
+        ended = [api.wait(job["id"], timeout=60)["status"] for job in jobs]
+        took = time.monotonic() - started
+    finally:
+        stack.stop()
+        hole.close()
+    assert ended == ["succeeded"] * 8
+    assert hole.held, "nothing tried to export"
+    # The first paid call's span waited out PAID_CALL_EXPORT_TIMEOUT_S (1 s); the rest went to the batch.
+    # Had each waited out the exporter's own timeout (5 s here), the eight would have taken 40 s.
+    assert took < 20, took
+    assert len(assert_books_balance(ledger)) == 8

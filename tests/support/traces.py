@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 CALL = "payonce.provider_call"
 # Spans leave a process in batches every 200 ms (a paid call at once).
-TRACED = {"OTEL_BSP_SCHEDULE_DELAY": 200, "OTEL_SERVICE_NAME": "payonce-test"}
+TRACED = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_SERVICE_NAME": "payonce-test"}
 
 
 def traced(otlp) -> dict:
