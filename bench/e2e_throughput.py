@@ -198,7 +198,8 @@ def tracing_overhead(stack: Stack, credentials: dict, jobs: int, rounds: int) ->
 
     receiver = OtlpReceiver(out=stack.workdir / "spans.jsonl").start()
     traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "1000",
-              "OTEL_SERVICE_NAME": "payonce-bench"}
+              "OTEL_SERVICE_NAME": "payonce-bench",
+              **{key: value for key, value in os.environ.items() if key.startswith("OTEL_PYTHON_")}}
     phases: dict[str, list[tuple[float, dict]]] = {"off": [], "on": []}
     try:
         for _ in range(rounds):
