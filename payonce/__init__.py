@@ -4,4 +4,4 @@ clients/typescript/package.json and src/version.ts; tests/project/test_version.p
 CHANGELOG.md says what each release changed and what a client or an operator must do about it;
 deploy/previous-release names the release before this one (its version and commit)."""
 
-__version__ = "0.42.0"
+__version__ = "0.43.0"

@@ -228,7 +228,10 @@ def esc(text) -> str:
 
 
 def service_name(span: dict) -> str:
-    return str(span["resource"].get("service.name", "unknown service"))
+    """The service, and the process of it where the resource names one (payonce's `payonce.process`)."""
+    name = str(span["resource"].get("service.name", "unknown service"))
+    process = span["resource"].get("payonce.process")
+    return f"{name} {process}" if process else name
 
 
 STYLE = """
