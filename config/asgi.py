@@ -1,8 +1,9 @@
 """ASGI entry point: `uvicorn config.asgi:application` (the `web` process).
 
-Every answer carries an X-Request-Id (config.requestid). Request bodies are bounded before anything reads
-them (config.limits). Static files (/static/: the admin and the API docs) are answered before Django's
-middleware, from the installed apps, by Django's own ASGI static files handler.
+Every answer carries an X-Request-Id (config.requestid) and every request but the probes is timed
+(config.requestmetrics). Request bodies are bounded before anything reads them (config.limits). Static files
+(/static/: the admin and the API docs) are answered before Django's middleware, from the installed apps, by
+Django's own ASGI static files handler.
 """
 
 import os
@@ -83,6 +84,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from config.limits import BodyLimitMiddleware  # noqa: E402 (after Django is set up)
 from config.requestid import RequestIdMiddleware  # noqa: E402
+from config.requestmetrics import RequestMetricsMiddleware  # noqa: E402
 from config.version import VersionHeaderMiddleware  # noqa: E402
 from config.startup import refuse_to_serve_with_development_settings  # noqa: E402
 
@@ -93,6 +95,7 @@ django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 
 # From the outside in: the request id (every answer carries it, and every line logged serving it), the
 # version header, /healthz and /readyz in front of everything else (operators.probes says why; named by
-# string as config.urls names the apps: config imports no app), then the body limit.
+# string as config.urls names the apps: config imports no app), the request's time (every request but the
+# probes), then the body limit.
 application = RequestIdMiddleware(VersionHeaderMiddleware(import_string("operators.probes.ProbesMiddleware")(
-    BodyLimitMiddleware(ASGIStaticFilesHandler(django_application)))))
+    RequestMetricsMiddleware(BodyLimitMiddleware(ASGIStaticFilesHandler(django_application))))))

@@ -1,6 +1,6 @@
 """One request through the web process's ASGI application (config.asgi: the request id, the version header,
-the probes, the body limit, static files and Django), in the test process, without a server: for what
-needs the whole stack but no socket."""
+the probes, the request's time, the body limit, static files and Django), in the test process, without a
+server: for what needs the whole stack but no socket."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import asyncio
 
 
 def serve(method: str, path: str, headers=(), body: bytes = b"") -> tuple[int, list[tuple[str, str]]]:
-    """(status, headers lower-cased) of one request, served on an event loop of its own."""
+    """(status, headers lower-cased) of one request, served on an event loop of its own. The request's
+    observation (config.requestmetrics) is written by the application's own thread, shortly after."""
     from config.asgi import application  # at call time: importing it builds the web threads
 
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
