@@ -1,8 +1,9 @@
 """ASGI entry point: `uvicorn config.asgi:application` (the `web` process).
 
-Request bodies are bounded before anything reads them (config.limits). Static files (/static/: the admin
-and the API docs) are answered before Django's middleware, from the installed apps, by Django's own ASGI
-static files handler.
+Every answer carries an X-Request-Id (config.requestid) and every request but the probes is timed
+(config.requestmetrics). Request bodies are bounded before anything reads them (config.limits). Static files
+(/static/: the admin and the API docs) are answered before Django's middleware, from the installed apps, by
+Django's own ASGI static files handler.
 """
 
 import os
@@ -82,6 +83,8 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.limits import BodyLimitMiddleware  # noqa: E402 (after Django is set up)
+from config.requestid import RequestIdMiddleware  # noqa: E402
+from config.requestmetrics import RequestMetricsMiddleware  # noqa: E402
 from config.tracing import setup as setup_tracing  # noqa: E402
 from config.version import VersionHeaderMiddleware  # noqa: E402
 from config.startup import refuse_to_serve_with_development_settings  # noqa: E402
@@ -95,7 +98,9 @@ setup_tracing("web")
 
 django_application = PooledThreadsASGIHandler(threads=settings.WEB_THREADS)
 
-# /healthz and /readyz in front of everything but the version header (operators.probes says why), named by
-# string as config.urls names the apps: config imports no app.
-application = VersionHeaderMiddleware(import_string("operators.probes.ProbesMiddleware")(
-    BodyLimitMiddleware(ASGIStaticFilesHandler(django_application))))
+# From the outside in: the request id (every answer carries it, and every line logged serving it), the
+# version header, /healthz and /readyz in front of everything else (operators.probes says why; named by
+# string as config.urls names the apps: config imports no app), the request's time (every request but the
+# probes), then the body limit.
+application = RequestIdMiddleware(VersionHeaderMiddleware(import_string("operators.probes.ProbesMiddleware")(
+    RequestMetricsMiddleware(BodyLimitMiddleware(ASGIStaticFilesHandler(django_application))))))

@@ -1,11 +1,13 @@
 """payonce's logs: one JSON object per line, each event carrying the ids it is about (job_id, step,
-attempt, upstream_key, delivery_id, run, model), and no key, secret or password ever written.
+attempt, upstream_key, delivery_id, run, model; request_id in the web process), and no key, secret or
+password ever written.
 
 - `JsonFormatter` (LOG_FORMAT=json, the default) and `PlainFormatter` (LOG_FORMAT=plain, a developer's
   terminal) render a record and its fields; `formatter()` picks one by LOG_FORMAT.
 - `ContextFilter` adds the fields of the code a record was logged in: `log_context(job_id=..., step=...)`
   sets them for a block, and each Celery task runs with its own arguments of those names
-  (config.celery), so code inside a step logs them without passing them around.
+  (config.celery), so code inside a step logs them without passing them around. The web process serves
+  each request inside a `log_context(request_id=...)` (config.requestid).
 - `RedactFilter` replaces secrets in the message, its arguments, the extra fields and the exception text
   with `[redacted]`, before any formatter sees the record.
 - `log_event(logger, "job.finished", ...)` logs an event once the state change it reports has committed.
@@ -34,7 +36,7 @@ from uuid import UUID
 from config import tracing
 
 # The ids an event line carries when they apply, in this order after the record's own keys.
-FIELDS = ("job_id", "run", "step", "attempt", "upstream_key", "model", "delivery_id")
+FIELDS = ("job_id", "run", "step", "attempt", "upstream_key", "model", "delivery_id", "request_id")
 
 REDACTED = "[redacted]"
 
@@ -64,6 +66,11 @@ def log_context(**fields):
 
 def context_fields() -> dict:
     return dict(_CONTEXT.get())
+
+
+def context_value(name: str):
+    """One field of the context in force, None when it has none."""
+    return _CONTEXT.get().get(name)
 
 
 _TASK_PARAMETERS: dict[str, tuple[str, ...]] = {}

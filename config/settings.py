@@ -427,8 +427,9 @@ CACHES = {"default": (
     if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"})}
 # GET /metrics (operators.metrics). With METRICS_TOKEN set, a scrape needs `Authorization: Bearer <token>`;
 # unset, only loopback may scrape. Events that leave no row (sweeper recoveries, callbacks, polls) are
-# counted in one hash in METRICS_REDIS_URL (the broker's Redis unless set); empty (a non-Redis broker and
-# no URL set), those counters are not kept and /metrics does not export them.
+# counted in one hash in METRICS_REDIS_URL (the broker's Redis unless set), and the histograms (how long
+# requests, jobs and provider calls took) kept in another; empty (a non-Redis broker and no URL set), they
+# are not kept and /metrics does not export them.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_REDIS_URL = env_str("METRICS_REDIS_URL",
                             CELERY_BROKER_URL if _REDIS_BROKER else "")

@@ -142,10 +142,11 @@ def _instrument(process: str) -> None:
 
 
 def _request_hook(span, request) -> None:
-    """The request's id (X-Request-Id) on its server span, so a log line and a trace find each other."""
-    request_id = request.META.get("HTTP_X_REQUEST_ID")
+    """The request's id (X-Request-Id, the caller's or a new one: config.requestid) on its server span, so
+    a log line and a trace find each other."""
+    request_id = getattr(request, "scope", {}).get("payonce.request_id")  # config.requestid.SCOPE_KEY
     if request_id and span.is_recording():
-        span.set_attribute("http.request.header.x-request-id", (request_id[:128],))
+        span.set_attribute("http.request.header.x-request-id", (request_id,))
 
 
 def flush(timeout_s: float = 5.0) -> None:

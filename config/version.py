@@ -1,5 +1,6 @@
-"""The `Payonce-Version` header on every answer of the web process (docs/api.md): the outermost ASGI layer
-(config.asgi), so that the probes, static files and a body refused before Django name it too."""
+"""The `Payonce-Version` header on every answer of the web process (docs/api.md): an ASGI layer outside all
+but the request id's (config.asgi), so that the probes, static files and a body refused before Django name it
+too."""
 
 from payonce import __version__
 

@@ -19,6 +19,10 @@ class ExecutorConfig(AppConfig):
 
         register_secrets(shapes=[(shape.needle, shape.pattern) for spec in PROVIDERS for shape in spec.secret_shapes],
                          names=[name for spec in PROVIDERS for name in spec.secret_settings])
+        # So are the providers' names, the values of the histograms' `provider` label (config.metrics.Declared).
+        from config.metrics import PROVIDERS as PROVIDER_LABEL  # ready(): beside the imports above
+
+        PROVIDER_LABEL.declare(spec.name for spec in PROVIDERS)
         # A models file that cannot be read, or an entry in it that is wrong, refuses to start too, each
         # problem named (executor.registry; the admin's form refuses a wrong row where it is written).
         # The file is one document, a model's spec and its price: the registry reads and checks it whole,

@@ -96,24 +96,21 @@ def _attempt(job, *, step: str, model_name: str, system: str, messages: list[dic
     started = time.monotonic()
     record.log("attempt.sent", attempt, sends=attempt.sends)
     # The call's span ends (and is exported) before its answer is recorded (executor.tracing).
-    with provider_tracing.provider_call(attempt, text=True) as call:
+    with provider_tracing.provider_call(job, attempt, text=True) as call:
         try:
             completion = services.provider(spec).complete(
                 spec.model, system=system, messages=messages, max_tokens=max_tokens,
                 upstream_key=attempt.upstream_key, metadata=attempt.request["metadata"])
         except ProviderError as exc:
             failed = exc
-            if call.span is not None:
-                usage = exc.usage.as_dict() if getattr(exc, "usage", None) else None
-                call.answered(paid=_paid_if(exc), usage=usage, status=exc.status, error_class=exc.kind,
-                              cost_usd=provider_tracing.derived_cost(attempt, usage) if usage else None,
-                              cost_source="derived")
+            usage = exc.usage.as_dict() if getattr(exc, "usage", None) else None
+            call.answered(paid=_paid_if(exc), usage=usage, status=exc.status, error_class=exc.kind,
+                          cost=lambda: (provider_tracing.derived_cost(attempt, usage) if usage else None, "derived"))
         else:
             failed = None
-            if call.span is not None:
-                usage = completion.usage.as_dict()
-                call.answered(paid=Paid.YES, usage=usage, cost_usd=provider_tracing.derived_cost(attempt, usage),
-                              cost_source="derived")
+            usage = completion.usage.as_dict()
+            call.answered(paid=Paid.YES, usage=usage,
+                          cost=lambda: (provider_tracing.derived_cost(attempt, usage), "derived"))
     if failed is not None:
         exc = failed
         elapsed = int((time.monotonic() - started) * 1000)

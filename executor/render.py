@@ -369,22 +369,17 @@ def _send(job, attempt: Attempt, *, done, fresh: bool = False) -> None:
     started = time.monotonic()
     record.log("attempt.sent", attempt, sends=attempt.sends)  # before the call: a crash during it still shows the send
     # The call's span ends (and is exported) before its answer is recorded (executor.tracing).
-    with provider_tracing.provider_call(attempt) as call:
+    with provider_tracing.provider_call(job, attempt) as call:
         try:
             submission = provider.submit(spec.model, upstream_key=attempt.upstream_key, inputs=inputs,
                                          prompt=attempt.request["prompt"], params=attempt.request["params"],
                                          metadata=attempt.request["metadata"])
         except ProviderError as exc:
             failed = exc
-            if call.span is not None:
-                call.answered(paid=_paid_if(_failure_kind(attempt, spec, exc)), status=exc.status, error_class=exc.kind)
+            call.answered(paid=_paid_if(_failure_kind(attempt, spec, exc)), status=exc.status, error_class=exc.kind)
         else:
             failed = None
-            if call.span is not None:
-                quoted = submission.cost_usd is not None
-                call.answered(paid=Paid.YES, cost_usd=submission.cost_usd if quoted else provider_tracing.derived_cost(
-                    attempt, submission.usage.as_dict() if submission.usage else None),
-                    cost_source="quoted" if quoted else "derived")
+            call.answered(paid=Paid.YES, cost=lambda: _cost_of(attempt, submission))
     if failed is not None:
         _answered_error(job, attempt, spec, failed, started, done=done)
         return
@@ -468,6 +463,13 @@ def _failure_kind(attempt: Attempt, spec, exc: ProviderError) -> policy.Failure:
     return policy.failure_kind(accepted=False, outcome_unknown=exc.outcome_unknown,
                                answered_unpaid=spec.capabilities.answered_unpaid(exc.status),
                                key_pinned=_key_pinned(attempt, spec))
+
+
+def _cost_of(attempt: Attempt, submission) -> tuple:
+    """What an accepted send costs, as its span says: the provider's quote, else the rate card's."""
+    if submission.cost_usd is not None:
+        return submission.cost_usd, "quoted"
+    return provider_tracing.derived_cost(attempt, submission.usage.as_dict() if submission.usage else None), "derived"
 
 
 def _paid_if(kind: policy.Failure) -> Paid:

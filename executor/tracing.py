@@ -20,33 +20,39 @@ The render's end (its poll that finds it done, and the settled cost) is an event
 it, naming the call's span.
 """
 
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from django.utils import timezone
 from opentelemetry.trace import SpanKind
 
 from billing import rates
 from config import tracing
-from executor.models import Attempt, AttemptState
+from config.metrics import observe_soon
+from executor.models import Attempt, AttemptState, Paid
 
 RESEND = "payonce.provider_resend"
 
 
 @dataclass
 class Call:
-    """What the caller learns from the provider, set on the span before it ends."""
+    """What the caller learns from the provider: set on the span before it ends, and kept for the call's
+    figures (provider_call). `cost`: a function answering (cost, its source), asked only when traced."""
 
     span: object | None
-    attributes: dict = field(default_factory=dict)
+    paid: str | None = None
 
-    def answered(self, *, paid: str, cost_usd=None, cost_source: str | None = None, usage: dict | None = None,
-                 status: int | None = None, error_class: str | None = None) -> None:
+    def answered(self, *, paid: str, cost=None, usage: dict | None = None, status: int | None = None,
+                 error_class: str | None = None) -> None:
+        self.paid = str(paid)
         if self.span is None:
             return
-        self.span.set_attribute("payonce.paid", paid)
+        self.span.set_attribute("payonce.paid", self.paid)
+        cost_usd, source = cost() if cost is not None else (None, None)
         if cost_usd is not None:
             self.span.set_attribute("payonce.cost_usd", str(cost_usd))
-            self.span.set_attribute("payonce.cost_source", cost_source or "quoted")
+            self.span.set_attribute("payonce.cost_source", source)
         if status is not None:
             self.span.set_attribute("http.response.status_code", status)
         if error_class:
@@ -85,22 +91,41 @@ def derived_cost(attempt: Attempt, usage: dict | None):
 
 
 @contextmanager
-def provider_call(attempt: Attempt, *, text: bool = False):
+def provider_call(job, attempt: Attempt, *, text: bool = False):
     """Around a call sent to a provider under the attempt's key (its `sends` already counted): the paid
     call's span for the key's first send, a resend's span linked to it for any later one. Yields a Call
-    (its span None when nothing records)."""
-    if not tracing.enabled():
-        yield Call(None)
-        return
-    call_id = tracing.span_id_for(attempt.upstream_key)
-    attributes = _attributes(attempt, text=text)
-    if attempt.sends > 1:
-        with tracing.span_with_id(RESEND, None, kind=SpanKind.CLIENT, links=tracing.link_here(call_id),
-                                  **attributes, **{"payonce.send": attempt.sends}) as span:
-            yield Call(span)
-        return
-    with tracing.span_with_id(tracing.PROVIDER_CALL, call_id, kind=SpanKind.CLIENT, **attributes) as span:
-        yield Call(span)
+    (its span None when nothing records); the caller says what the answer was (Call.answered).
+
+    Traced or not, the call's figures (config.metrics, written in the background): its latency by provider
+    and whether it was paid; an LLM call's time to its first token, which is its latency (payonce's calls
+    are not streamed: the first token comes with the answer); and for the first attempt of a job's first run,
+    once paid, the time from the job's creation to this call."""
+    call, started = Call(None), time.monotonic()
+    try:
+        if not tracing.enabled():
+            yield call
+        elif attempt.sends > 1:
+            with tracing.span_with_id(RESEND, None, kind=SpanKind.CLIENT,
+                                      links=tracing.link_here(tracing.span_id_for(attempt.upstream_key)),
+                                      **_attributes(attempt, text=text), **{"payonce.send": attempt.sends}) as span:
+                call.span = span
+                yield call
+        else:
+            with tracing.span_with_id(tracing.PROVIDER_CALL, tracing.span_id_for(attempt.upstream_key),
+                                      kind=SpanKind.CLIENT, **_attributes(attempt, text=text)) as span:
+                call.span = span
+                yield call
+    finally:
+        if call.paid is not None:
+            _observed(job, attempt, call.paid, time.monotonic() - started, text=text)
+
+
+def _observed(job, attempt: Attempt, paid: str, seconds: float, *, text: bool) -> None:
+    observe_soon("provider_call_seconds", seconds, provider=attempt.provider, paid=paid)
+    if text and paid == Paid.YES:
+        observe_soon("llm_time_to_first_token_seconds", seconds, provider=attempt.provider)
+    if paid == Paid.YES and attempt.number == 1 and job.run == 1:
+        observe_soon("job_first_paid_call_seconds", (timezone.now() - job.created_at).total_seconds(), kind=job.kind)
 
 
 def _died_with_call_out(attempt: Attempt) -> bool:

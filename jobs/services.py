@@ -17,6 +17,7 @@ from accounts.models import Client
 from billing import services as billing
 from config import tracing
 from config.logs import log_event
+from config.metrics import observe_soon
 from executor.callbacks import Wake
 from executor.registry import model_spec
 from executor.selectors import attempts_json_sql, uncertain_upstream_keys
@@ -262,6 +263,10 @@ def job_finish(*, job_id: uuid.UUID, status: str, output: dict | None = None, er
         _emit(ended[0], _EVENT_FOR[status])
         log_event(logger, "job.cancelled" if status == JobStatus.CANCELLED else "job.finished", job_id=job_id,
                   run=ended[0].run, status=status, error_code=(error or {}).get("code"))
+        # Counted once the end commits, as the event is logged: an end rolled back (a race lost, a group of
+        # steps undone) was no end.
+        lived_s, kind = (ended[0].completed_at - ended[0].created_at).total_seconds(), ended[0].kind
+        transaction.on_commit(lambda: observe_soon("job_end_seconds", lived_s, kind=kind, status=status))
     return True
 
 

@@ -1,8 +1,9 @@
 """`/metrics` in the Prometheus text format (docs/operating.md, "Metrics and alerts").
 
 Every figure is read at scrape time from where it is true, never from one process's memory: PostgreSQL
-for what the rows say (jobs, attempts, spend, deliveries, lease takeovers), and the event counters
-(config.metrics) for events that leave no row. Label values are bounded enums, a model name or a client:
+for what the rows say (jobs, attempts, spend, deliveries, lease takeovers), the event counters and the
+histograms (config.metrics) for events that leave no row and for how long things took, and the broker for
+the messages its queues hold. Label values are bounded enums, a model name or a client:
 never a job id, an upstream key or anything a request can grow without bound. The collector reads every
 app's figures, so it lives with the operators, on top of the stack.
 """
@@ -18,13 +19,15 @@ from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from billing.months import month_of
 from billing.selectors import clients_month_spend
-from config.metrics import COUNTERS, OTHER, counters
+from config.celery import app as celery_app
+from config.metrics import COUNTERS, HISTOGRAMS, OTHER, broker_queue_depths, counters, histograms
 from executor.providers.base import ErrorClass
 from jobs.api.errors import error_body, method_not_allowed
 from jobs.kinds import KINDS
@@ -86,6 +89,10 @@ SELECT model, reserved_usd, highest_cost_usd FROM billing_pricedrift
  WHERE cleared_at IS NULL AND last_seen_at > now() - %s * interval '1 second'
  ORDER BY last_seen_at DESC LIMIT {MAX_MODELS}
 """
+
+
+# The broker's queues a scrape reports the depth of: Celery's own (config.celery: jobs and webhooks).
+QUEUES = tuple(queue.name for queue in celery_app.conf.task_queues)
 
 
 def _money(value: Decimal) -> float:
@@ -198,6 +205,8 @@ class PayonceCollector(Collector):
         yield highest
 
         yield from self._events()
+        yield from self._histograms()
+        yield from self._queue_depths()
 
     @staticmethod
     def _attempts(rows, error_classes: set[str]) -> GaugeMetricFamily:
@@ -228,6 +237,39 @@ class PayonceCollector(Collector):
             for value in (*values, OTHER):
                 family.add_metric([value], stored.get(f"{name}|{value}", 0))
             yield family
+
+    @staticmethod
+    def _histograms():
+        """The Redis histograms, cumulative as Prometheus reads them: a series appears with its first
+        observation (its labels' values multiply: no zeros are written for every route, method and status).
+        Not exported at all when they are not kept or Redis did not answer, as the counters."""
+        stored = histograms()
+        if stored is None:
+            return
+        for name, histogram in HISTOGRAMS.items():
+            family = HistogramMetricFamily(f"payonce_{name}", histogram.help,
+                                           labels=[label for label, _ in histogram.labels])
+            bounds = [floatToGoString(bound) for bound in (*histogram.buckets, float("inf"))]
+            for values, series in sorted(stored.get(name, {}).items()):
+                cumulative, buckets = 0, []
+                for bound, count in zip(bounds, series.counts):
+                    cumulative += count
+                    buckets.append((bound, cumulative))
+                family.add_metric(list(values), buckets, series.sum)
+            yield family
+
+    @staticmethod
+    def _queue_depths():
+        """The messages waiting in the broker's queues, asked of a Redis broker now; left out with another
+        broker, or one that did not answer within a moment (config.metrics.BROKER_TIMEOUT_S)."""
+        depths = broker_queue_depths(QUEUES)
+        if depths is None:
+            return
+        family = GaugeMetricFamily("payonce_broker_queue_depth", "Messages waiting in a broker queue (jobs: paid work; "
+                                   "webhooks: deliveries), not yet taken by a worker.", labels=["queue"])
+        for queue, depth in depths.items():
+            family.add_metric([queue], depth)
+        yield family
 
 
 REGISTRY = CollectorRegistry()  # our own: no process metrics of whichever web process answered

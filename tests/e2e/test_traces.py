@@ -2,12 +2,15 @@
 per job run, from the create request to the provider's charge and the webhook, every paid call one span that
 the sandbox's ledger accounts for (docs/operating.md, "Traces")."""
 
+import json
 import socket
 import threading
 import time
 from collections import Counter, defaultdict
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.services import client_create
 from tests.support import redis_server
@@ -40,12 +43,13 @@ def api_for(stack, name: str, **client) -> HttpApi:
 
 
 def created(api: HttpApi, body: dict, key: str, path: str = "/v1/jobs") -> dict:
+    """The created job or order, and its answer's X-Request-Id as `request_id`."""
     if path == "/v1/jobs":
         response = api.create(body, key=key)
     else:
         response = api.http.post(f"{api.base_url}{path}", json=body, headers=api.headers(), timeout=10)
     assert response.status_code == 201, response.text
-    return response.json()
+    return {**response.json(), "request_id": response.headers["X-Request-Id"]}
 
 
 def trace_of(otlp, trace_id: str, ready, timeout: float = 20) -> list[dict]:
@@ -64,7 +68,16 @@ def children_of(spans: list[dict]) -> dict[str, list[dict]]:
     return children
 
 
+def histogram_counts(stack) -> Counter:
+    """The count of every histogram series /metrics answers, by (name, labels)."""
+    text = requests.get(f"{stack.url}/metrics", timeout=10).text
+    return Counter({(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                    for family in text_string_to_metric_families(text) for sample in family.samples
+                    if sample.name.endswith("_seconds_count")})
+
+
 def test_a_media_job_is_one_trace_from_its_post_to_its_charge_and_its_webhook(stack, otlp, ledger):
+    before = histogram_counts(stack)
     with WebhookReceiver() as hooks:
         api = api_for(stack, "traced", webhook_url=hooks.url)
         job = created(api, {"kind": "media", "models": ["sandbox/video-keyed"],
@@ -83,6 +96,18 @@ def test_a_media_job_is_one_trace_from_its_post_to_its_charge_and_its_webhook(st
     roots = [s for s in spans if not s["parent_span_id"]]
     assert [(s["kind"], s["resource"]["payonce.process"]) for s in roots] == [("SERVER", "web")], roots
     assert roots[0]["attributes"].get("http.route") == "v1/jobs", roots[0]["attributes"]
+    # The request's id is on its span, and the log lines of every process name the trace and their span.
+    assert roots[0]["attributes"]["http.request.header.x-request-id"] == [job["request_id"]]
+    created_line = next(json.loads(line) for line in stack["web"].output().splitlines()
+                        if '"event":"job.created"' in line and job["id"] in line)
+    assert (created_line["request_id"], created_line["trace_id"]) == (job["request_id"], trace_id), created_line
+    worker_lines = [json.loads(line) for line in stack["worker"].output().splitlines()
+                    if line.startswith("{") and f'"job_id":"{job["id"]}"' in line]
+    assert worker_lines and all(line.get("trace_id") == trace_id for line in worker_lines
+                                if line["event"].startswith(("attempt.", "step."))), worker_lines
+    step_ids = {s["span_id"] for s in spans if s["name"].startswith("payonce.step ")} | \
+        {s["span_id"] for s in spans if s["name"] == CALL}
+    assert {line["span_id"] for line in worker_lines if line["event"].startswith("attempt.")} <= step_ids
     processes = {s["resource"]["payonce.process"] for s in spans}
     assert {"web", "worker", "webhooks"} <= processes, processes
     assert {"payonce.step submit", "payonce.step wait", "payonce.webhook.deliver"} <= set(names), names
@@ -108,6 +133,14 @@ def test_a_media_job_is_one_trace_from_its_post_to_its_charge_and_its_webhook(st
     # The webhook's receiver was handed the trace.
     assert delivered.headers.get("traceparent", "").split("-")[1] == trace_id, delivered.headers
     assert done["trace_id"] == trace_id
+    # The call's figures, written in the background: its latency, and the job's time to its first paid call.
+    expected = {("payonce_provider_call_seconds_count", (("paid", "yes"), ("provider", "sandbox"))): 1,
+                ("payonce_job_first_paid_call_seconds_count", (("kind", "media"),)): 1,
+                ("payonce_job_end_seconds_count", (("kind", "media"), ("status", "succeeded"))): 1}
+    deadline = time.monotonic() + 10
+    while (moved := {key: histogram_counts(stack)[key] - before[key] for key in expected}) != expected:
+        assert time.monotonic() < deadline, moved
+        time.sleep(0.2)
 
 
 def test_a_report_of_8_chapters_is_one_trace_with_a_paid_call_per_charge_and_its_tokens(stack, otlp, ledger):

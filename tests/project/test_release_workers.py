@@ -112,7 +112,7 @@ def test_a_task_this_release_does_not_know_waits_for_a_worker_that_does(env, run
     assert ours.output().count(f"task {FUTURE_TASK} is not known to this release") >= 2
 
 
-def test_a_job_message_the_previous_release_drops_is_rung_again_from_its_row(env, running, ledger):
+def test_a_job_message_the_previous_release_does_not_know_is_rung_again_from_its_row(env, running, ledger):
     web = ProcfileProcess("web", env).start()
     running.append(web)
     credentials = client_create(name="rung-again", webhook_url=HOOK_URL)
@@ -132,8 +132,10 @@ def test_a_job_message_the_previous_release_drops_is_rung_again_from_its_row(env
     deadline = time.monotonic() + 10
     while "jobs.run_stage_next" not in old.output() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert "unregistered task" in old.output().lower(), old.output()[-3000:]
-    assert Job.objects.get(id=job_id).status == "queued"  # dropped: nothing ran it
+    # Since 0.42.0 a worker gives a message it does not know back to its queue (config.celery.Consumer);
+    # 0.41.0 dropped it. Either way no worker here runs it: the job stays queued until the sweep rings it.
+    assert "jobs.run_stage_next is not known to this release" in old.output(), old.output()[-3000:]
+    assert Job.objects.get(id=job_id).status == "queued"  # nothing ran it
     running.append(ProcfileProcess("beat", env).start())  # the sweep rings queued jobs from their rows
 
     assert wait_ended([job_id]) == {job_id: "succeeded"}
