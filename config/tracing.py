@@ -91,8 +91,9 @@ def setup(process: str) -> bool:
                                     "service.version": __version__, "payonce.process": process})
         provider = TracerProvider(resource=resource, sampler=_NoOrphanClients(_get_from_env_or_default()),
                                   id_generator=_IdGenerator())
-        provider.add_span_processor(ExportPaidCallsAtOnce(BatchSpanProcessor(OTLPSpanExporter()),
-                                                          OTLPSpanExporter(timeout=PAID_CALL_EXPORT_TIMEOUT_S)))
+        provider.add_span_processor(ExportPaidCallsAtOnce(
+            BatchSpanProcessor(OTLPSpanExporter(session=_session())),
+            OTLPSpanExporter(timeout=PAID_CALL_EXPORT_TIMEOUT_S, session=_session())))
         trace.set_tracer_provider(provider)
         _tracer = trace.get_tracer("payonce")
         _instrument(process)
@@ -109,8 +110,20 @@ INSTRUMENTATIONS = ("django", "celery", "psycopg", "requests", "redis")
 # Redis command and per Celery message sent and run is two to three times the spans of a job, and with
 # them tracing every job cost a fifth of the throughput (bench/README.md, issue 43): the job's own spans
 # already tie every message's work to its run's trace through the row (job_span), which is what the
-# messaging instrumentation's propagation would otherwise be for.
-DISABLED_BY_DEFAULT = "psycopg,redis,celery"
+# messaging instrumentation's propagation would otherwise be for. The requests instrumentation's spans
+# repeat, under each paid call's span, what that span says (its status and its time), and it wraps every
+# HTTP call the worker makes, the exporter's own included.
+DISABLED_BY_DEFAULT = "psycopg,redis,celery,requests"
+
+
+def _session():
+    """The exporters' HTTP session, without requests' look at the environment for each POST (~/.netrc, proxy
+    settings): a file read per export, on the thread of a paid call for its span (ExportPaidCallsAtOnce)."""
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False
+    return session
 
 
 def _instrument(process: str) -> None:
