@@ -271,3 +271,18 @@ def test_a_nul_byte_in_any_lists_search_or_filter_or_a_bulk_filter_is_a_400(admi
 def test_the_site_is_payonces_admin_site():
     assert isinstance(admin.site._wrapped if hasattr(admin.site, "_wrapped") else admin.site,
                       adminsite.PayonceAdminSite)
+
+
+def test_the_job_page_shows_the_trace_of_its_run_or_why_there_is_none(admin_client, make_api):
+    api = make_api("traced")
+    created = api.create(media_body(), key="traced-1")  # in this process, where traces are off: no trace
+    assert created.status_code == 201 and created.json()["trace_id"] is None, created.content
+    job = Job.objects.get(id=created.json()["id"])
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job.id])).content.decode()
+    assert "traces are off, or this run was not sampled" in page.split('data-testid="trace-id">')[1].split("</td>")[0]
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    Job.objects.filter(id=job.id).update(trace_context=f"00-{trace_id}-00f067aa0ba902b7-01")
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[job.id])).content.decode()
+    assert f'data-testid="trace-id"><code>{trace_id}</code> (run 1)' in page
+    shown = api.get(f"/v1/jobs/{job.id}").json()
+    assert shown["trace_id"] == trace_id  # the API's answer names the same
