@@ -74,6 +74,8 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
     if attempt.sends and may_land_s > 0:
         return may_land_s  # its answer may still come, to the execution that sent it
     unsent = attempt.sends == 0
+    if not unsent:  # a sender that died with its call out never ended the call's span: emitted before the end
+        provider_tracing.orphan_ended(attempt)
     state = AttemptState.FAILED if unsent else AttemptState.UNCERTAIN
     error_class = ErrorClass.CANCELLED if unsent else attempt.error_class
     money = Money.RELEASE if unsent else Money.KEEP
@@ -86,7 +88,4 @@ def _end_orphaned_intent(attempt: Attempt) -> float | None:
         if ended:
             record.move_money(attempt.upstream_key, money, cost=None)
             record.log(f"attempt.{state.value}", attempt, error_class=error_class)
-    if ended and not unsent:
-        # A sender that died with its call out never ended the call's span: it is emitted here, once.
-        provider_tracing.orphan_ended(attempt)
     return None

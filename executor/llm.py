@@ -48,9 +48,9 @@ def llm_call(job, *, step: str, model_name: str, system: str, messages: list[dic
         if attempt.state == AttemptState.SUCCEEDED:
             return _answer(attempt)
         if attempt.state == AttemptState.SUBMITTING:
-            if record.end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.KEEP,
-                          error=attempt.error or "the execution sending it died before its answer was recorded"):
-                provider_tracing.recovered(attempt, text=True)  # its span died with its sender (executor.tracing)
+            provider_tracing.recovered(attempt, text=True)  # its span died with its sender: emitted before the end
+            record.end(attempt, AttemptState.UNCERTAIN, expect=AttemptState.SUBMITTING, money=Money.KEEP,
+                       error=attempt.error or "the execution sending it died before its answer was recorded")
     if earlier:
         last = earlier[-1]
         if last.state == AttemptState.FAILED and last.error_class not in policy.LLM_RETRYABLE:

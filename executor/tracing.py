@@ -136,21 +136,24 @@ def _died_with_call_out(attempt: Attempt) -> bool:
 
 def recover(attempt: Attempt) -> None:
     """A render's attempt found `submitting` by the execution resolving it: if its sender died with the
-    call out, the first execution to note so on the row (a conditional update: one wins, however many
-    resolve it in turn) emits the paid call its sender never ended (recovered)."""
+    call out, the paid call its sender never ended is emitted here (recovered), then noted on the row (a
+    conditional update), so that the executions that resolve it after this one emit nothing. Emitted
+    before the note: an execution killed between the two leaves the next one to emit the same span again
+    (same trace, same id: one span to a trace store), never a paid call without its span."""
     if not tracing.enabled() or not _died_with_call_out(attempt):
         return
+    recovered(attempt)
     note = "its sender stopped while the call was out; resolved by what the provider can do"
     if Attempt.objects.filter(id=attempt.id, state=AttemptState.SUBMITTING, error__isnull=True,
                               error_class__isnull=True, last_status__isnull=True).update(error=note):
         attempt.error = note
-        recovered(attempt)
 
 
 def orphan_ended(attempt: Attempt) -> None:
-    """A cancelled job's attempt left `submitting`, just ended (executor.cancel; `attempt` as it was read
-    before): if its sender died with the call out, its paid call is emitted here, in the job's trace, once:
-    the end was conditional."""
+    """A cancelled job's attempt left `submitting`, about to be ended by a conditional update
+    (executor.cancel; `attempt` as it was read): if its sender died with the call out, its paid call is
+    emitted here, in the job's trace, before the end (so a kill between the two loses nothing; an end that
+    another execution made first means the same span twice, one to a trace store)."""
     if tracing.enabled() and _died_with_call_out(attempt):
         with tracing.job_span("payonce.cancel.orphan", attempt.job.trace_context,
                               **{"payonce.job_id": str(attempt.job_id)}):
@@ -158,9 +161,9 @@ def orphan_ended(attempt: Attempt) -> None:
 
 
 def recovered(attempt: Attempt, *, text: bool = False) -> None:
-    """The paid call of an attempt whose sender died with the call out, emitted by the execution that took
-    it over (which won the conditional update that says so): from the moment it went out to now, under the
-    call's own span id. Paid: unknown (what the resolution finds is on the record)."""
+    """The paid call of an attempt whose sender died with the call out, emitted by the execution that takes
+    it over, before it records so: from the moment it went out to now, under the call's own span id.
+    Paid: unknown (what the resolution finds is on the record)."""
     if not tracing.enabled() or attempt.sends < 1:
         return
     sent = attempt.submitted_at or attempt.created_at
