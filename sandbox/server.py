@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from . import catalog
 from .callbacks import Caller
-from .state import CancelRefused, IdempotencyConflict, State, generation_status, iso
+from .state import CancelRefused, IdempotencyConflict, Reset, State, generation_status, iso
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_RENDER_S = 24 * 3600
@@ -327,6 +327,7 @@ class Handler(BaseHTTPRequestHandler):
         self.call_seq = None
         self.after = None  # "drop" | "crash": what an injected fault does instead of answering
         self.result_id = None  # the generation or message a submit answered with, for the call log
+        self.state.enter()  # a reset from now on leaves this call nothing to write (State.enter)
         split = urlsplit(self.path)
         self.route_path = split.path
         self.query = parse_qsl(split.query, keep_blank_values=True)
@@ -340,6 +341,10 @@ class Handler(BaseHTTPRequestHandler):
             response = handler(*args)
         except ApiError as exc:
             response = exc.response()
+        except Reset:  # held (a `delay` fault) across a reset: it charged and recorded nothing
+            self.call = None
+            self.after = None
+            response = ApiError(503, "unavailable", "the sandbox was reset while this call was in it").response()
         except Exception:  # a bug in the sandbox: say so, don't hang the client
             traceback.print_exc()
             response = ApiError(500, "internal_error", "sandbox bug; see its stderr").response()
@@ -348,10 +353,13 @@ class Handler(BaseHTTPRequestHandler):
             # Record the answer before sending it, so a client that reads /control/calls right
             # after its response sees the status. A dropped or crashed call keeps status null.
             status = response.status if self.after is None else None
-            if self.call_seq is None:
-                self.state.log_call(**self.call, status=status)
-            elif status is not None or self.result_id is not None:
-                self.state.set_call_status(self.call_seq, status, self.result_id)
+            try:
+                if self.call_seq is None:
+                    self.state.log_call(**self.call, status=status)
+                elif status is not None or self.result_id is not None:
+                    self.state.set_call_status(self.call_seq, status, self.result_id)
+            except Reset:  # reset since it was answered: the answer stands, the new call log does not hold it
+                pass
 
         if self.after == "crash":
             with self.state.lock:  # no other thread is half-way through a journal append

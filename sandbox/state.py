@@ -40,6 +40,10 @@ class IdempotencyConflict(Exception):
         self.generation_id = generation_id
 
 
+class Reset(Exception):
+    """The sandbox was reset after this call came in: the call writes nothing into the new state."""
+
+
 class CancelRefused(Exception):
     """The generation had already reached a terminal state."""
 
@@ -80,6 +84,11 @@ class State:
         # One lock around every read-modify-write of the state and every journal append, so the
         # journal's order is the order the state changed in (replay must reach the same state).
         self.lock = threading.RLock()
+        # Which reset a request thread's call belongs to (`enter`). A call held by a `delay` fault across a
+        # reset would otherwise charge into the next test's empty ledger, or set the status of a new call
+        # that took its sequence number: `_emit` refuses every write of a call from before the last reset.
+        self.epoch = 0
+        self._caller = threading.local()
         self._media_sha: dict[str, tuple[int, str]] = {}
         self._clear_memory()
         self._replay()
@@ -125,8 +134,15 @@ class State:
             self._apply(event)
             self.replayed_events += 1
 
+    def enter(self) -> int:
+        """Mark the calling thread's request as one of the state since the last reset; returns its epoch."""
+        self._caller.epoch = self.epoch
+        return self.epoch
+
     def _emit(self, event: dict) -> None:
         """Append one event to the journal, then apply it. Caller holds the lock."""
+        if getattr(self._caller, "epoch", self.epoch) != self.epoch:
+            raise Reset()
         line = memoryview((json.dumps(event, separators=(",", ":")) + "\n").encode())
         while line:
             written = os.write(self._fd, line)
@@ -461,3 +477,5 @@ class State:
                     pass
             self._clear_memory()
             self._media_sha.clear()
+            self.epoch += 1
+            self._caller.epoch = self.epoch  # the reset's own request goes on writing

@@ -630,6 +630,34 @@ def test_reset_empties_ledger_calls_faults_and_counters(sandbox):
     assert submit(sandbox, "image-blind", params={"render_s": 5}).json()["id"] == "gen_000001"
 
 
+@pytest.mark.parametrize("model, send", [
+    ("video-keyed", lambda sandbox: submit(sandbox, "video-keyed", request_id="payonce-held-1", params={"render_s": 5})),
+    ("llm", lambda sandbox: requests.post(f"{sandbox.url}/v1/messages", timeout=10, json={
+        "model": "llm", "max_tokens": 64, "messages": [{"role": "user", "content": "held"}]})),
+])
+def test_a_call_held_across_a_reset_charges_nothing_after_it(sandbox, model, send):
+    # A test's call held by the provider (or a timed-out call of a test that has ended) must not charge into
+    # the next test's ledger, nor give its status to the new call that takes its sequence number.
+    sandbox.faults([{"model": model, "action": "delay", "seconds": 1}])
+    answers = []
+    held = threading.Thread(target=lambda: answers.append(send(sandbox)))
+    held.start()
+    deadline = time.monotonic() + 5
+    while not sandbox.calls():
+        assert time.monotonic() < deadline, "the call never reached the sandbox"
+        time.sleep(0.02)
+
+    sandbox.reset()
+    fresh = submit(sandbox, "image-blind", params={"render_s": 5})  # the new state's call number 1
+    held.join(timeout=10)
+
+    assert answers[0].status_code == 503 and "reset" in answers[0].json()["error"]["message"]
+    [charge] = charges(sandbox)
+    assert charge["generation_id"] == fresh.json()["id"]
+    [call] = sandbox.calls()
+    assert (call["model"], call["status"]) == ("image-blind", 202)
+
+
 def test_input_upload_is_stored_and_free(sandbox):
     data = os.urandom(3000)
 
