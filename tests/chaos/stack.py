@@ -74,6 +74,7 @@ class Stack:
             "PUBLIC_BASE_URL": self.web_url,
             "PROVIDER_CALLBACK_BASE_URL": self.web_url,
             "EMAIL_URL": "console://",
+            "WORKER_PROCESSES": "1",  # the storm starts its workers one by one, and kills them one by one
             "MODELS_FILE": self.models_file, "MODELS_CACHE_S": "1", "METRICS_TOKEN": self.metrics_token,
             # Recovery in seconds, not minutes, so a storm fits a CI run.
             **FAST_RECOVERY,

@@ -36,7 +36,8 @@ OPEN = ("queued", "running", "waiting")
 
 
 def worker(name: str, env: dict, root=None, include: str = "") -> ProcfileProcess:
-    command = procfile_command("worker").replace("--hostname jobs@%h", f"--hostname {name}@%h") + include
+    # Each release's own line: the previous one's is the Celery command itself.
+    command = procfile_command("worker", root or REPO_ROOT).replace("--hostname jobs@%h", f"--hostname {name}@%h") + include
     return ProcfileProcess("worker", env, command, root=root or REPO_ROOT,
                            ready=ProcfileProcess.READY["worker"])
 

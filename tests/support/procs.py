@@ -89,6 +89,9 @@ def process_env(**overrides) -> dict:
         "PAYONCE_VAR_DIR": settings.VAR_DIR,
         # The test session's key (tests/settings.py): a process signs the links the tests read.
         "SECRET_KEY": settings.SECRET_KEY,
+        # A test's `worker` is one Celery worker, whatever the machine's cores (config.workers): what a test
+        # kills, signals or counts is that one process. tests/config/test_workers.py starts more.
+        "WORKER_PROCESSES": 1,
         **overrides,
     })
 
