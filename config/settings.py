@@ -187,6 +187,14 @@ LOGGING = {
         "django.db.backends": {"level": "INFO"},
         # django-axes says "BEGIN version ..." at INFO in every process, every manage.py command included.
         "axes": {"level": "WARNING"},
+        # Celery's two bookkeeping lines of every message, "received" and "succeeded in", at INFO: two of a
+        # media job's thirteen lines, and a tenth of the worker's CPU with the rest (bench/README.md, issue
+        # 44), saying again what the step's own lines say (step.claimed, step.done, with the job's ids).
+        # Celery asks these loggers once, at start, whether INFO is on, and builds no record when it is not.
+        # A task's failure (ERROR) and a rejected message (WARNING) are still written, and LOG_LEVEL=DEBUG
+        # brings the bookkeeping lines back (then kept at DEBUG for the periodic tasks, RoutineFilter).
+        **{name: {"level": "DEBUG" if env_str("LOG_LEVEL", "INFO").upper() == "DEBUG" else "WARNING"}
+           for name in ("celery.worker.strategy", "celery.app.trace")},
     },
 }
 

@@ -396,8 +396,9 @@ def test_a_run_logs_json_lines_with_each_events_ids_and_no_secret(ledger):
         delivered = events(webhooks, "delivery.delivered", delivery_id=delivery_id, job_id=job_id, run=1)
         assert len(tried) == 1 and tried[0]["status_code"] == 200 and tried[0]["try"] == 1
         assert len(delivered) == 1 and delivered[0]["status_code"] == 200
-    # A Celery task's own lines carry the ids of its arguments.
-    assert any(line["logger"] == "celery.app.trace" and line.get("job_id") == succeeding for line in worker)
+    # Celery's bookkeeping of each message ("received", "succeeded in") is not written at INFO: the step
+    # lines above say it, with the job's ids.
+    assert not [line for line in worker if line["logger"] in ("celery.app.trace", "celery.worker.strategy")]
     # And no secret the run handled appears anywhere in any output.
     handled = [owner["api_key"], owner["api_key"].split(".")[1], owner["webhook_secret"], other["api_key"],
                other["api_key"].split(".")[1], SANDBOX_CALLBACK_SECRET, *FAKE_PROVIDER_KEYS.values()]
@@ -407,6 +408,14 @@ def test_a_run_logs_json_lines_with_each_events_ids_and_no_secret(ledger):
 
 
 # --- routine lines ---------------------------------------------------------------------------------------
+
+
+def test_celerys_bookkeeping_lines_of_each_message_are_not_built_below_debug():
+    # Celery asks once, at a worker's start, whether these loggers take INFO ("received", "succeeded in"):
+    # not under the settings' LOGGING, so no record is built; a failure (ERROR) still is.
+    for name in ("celery.worker.strategy", "celery.app.trace"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO)
+        assert logging.getLogger(name).isEnabledFor(logging.WARNING)
 
 
 def test_celerys_lines_about_the_periodic_tasks_are_debug_and_everything_else_keeps_its_level():

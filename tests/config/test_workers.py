@@ -92,6 +92,7 @@ def test_two_workers_share_the_jobs_one_that_dies_comes_back_and_a_sigterm_lets_
         ended = [api.wait(answer.json()["id"], timeout=60) for answer in created]
         assert {job["status"] for job in ended} == {"succeeded"}
         assert _pids_of(line.output(), "attempt.sent") == {first, second}  # both took paid work
+        assert "] received" not in line.output() and "] succeeded in" not in line.output()  # Celery's, below DEBUG
 
         # One dies under the OOM killer: the line starts it again under its name, the other goes on.
         # Past the uptime that tells a crash from a start that failed.
