@@ -1,8 +1,9 @@
 """Benchmark: many long renders waited on at once, by one worker, at little cost
 (docs/design.md, "Waiting costs little").
 
-2,000 `media` jobs whose render takes 60 s are POSTed to `web` and run by ONE `worker` process, both as
-the Procfile starts them, with the sandbox provider as its own process (calling back to `web`).
+2,000 `media` jobs whose render takes 60 s are POSTed to `web` and run by `worker`, both as the Procfile
+starts them (WORKER_PROCESSES workers: on a 2-core machine one; `--worker-processes N` sets it), with
+the sandbox provider as its own process (calling back to `web`).
 Printed: the peak number of jobs in flight together (from the sandbox's record of each accepted submit
 and each job's completion time), how long after the last POST the last job ended, the worker's average
 CPU while every job waits (from /proc, between the last POST and the first render's end; with more jobs
@@ -35,13 +36,23 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads)."""
+    """User + system CPU seconds of a process (all its threads) and of its children: the `worker` line with
+    more than one process is their supervisor (config.workers)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return (int(fields[11]) + int(fields[12])) / TICKS + sum(_own_cpu_s(int(child)) for child in children)
+
+
+def _own_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:  # ended between the listing and the read
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def worker_pid(stack: Stack) -> int:
-    return stack.processes["worker"].pid  # `exec` in the harness: the shell became the worker
+    return stack.processes["worker"].pid  # `exec` in the harness: the shell became the worker's line
 
 
 def at(stamp: str) -> float:
@@ -73,9 +84,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--render-s", type=float, default=60.0)
+    parser.add_argument("--worker-processes", type=int, default=None,
+                        help="WORKER_PROCESSES for the worker line (default: the Procfile's, from the cores)")
     args = parser.parse_args()
 
-    stack = Stack()
+    stack = Stack(**({"WORKER_PROCESSES": args.worker_processes} if args.worker_processes else {}))
     stack.env["PROVIDER_CALLBACK_BASE_URL"] = f"http://127.0.0.1:{stack.port}"
     credentials = stack.prepare()
     stack.configure_this_process()
@@ -87,7 +100,9 @@ def main() -> None:
         stack.start("sandbox")
         stack.start("web")
         stack.start("worker")
-        pid, messages = worker_pid(stack), received(stack)
+        pid = worker_pid(stack)
+        time.sleep(3)  # every worker of the line up (the harness saw the first one's ready line)
+        processes, messages = max(1, len(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())), received(stack)
         body = {"kind": "media", "models": ["sandbox/video-keyed"],
                 "input": {"prompt": "slow render", "render_s": args.render_s}}
         sampler = CpuSampler(pid)
@@ -138,7 +153,8 @@ def main() -> None:
     window = waiting_to - waiting_from
     waited = (cpu_to - cpu_from) / window if quiet else None
     busy = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
-    print(f"one worker as the Procfile starts it; {args.jobs} jobs, render_s {args.render_s:g}")
+    print(f"worker as the Procfile starts it: {processes} process{'es' if processes > 1 else ''}; {args.jobs} jobs, "
+          f"render_s {args.render_s:g}")
     print(f"POSTs took {posted - started:.1f} s; jobs ended {dict(statuses)}")
     print(f"peak in flight: {peak} of {args.jobs} (target: all)")
     print(f"last job ended {ended - posted:.1f} s after the last POST (render {args.render_s:g} s; target < 90 s)")
