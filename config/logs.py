@@ -274,6 +274,12 @@ def secrets_from_environ(environ) -> set[str]:
     return {value for value in found if len(value) >= _SHORTEST_SECRET}
 
 
+# Field values with no text in them, so nothing to redact (Redactor.value leaves every non-text value as
+# it is): exact types, so a subclass (an str enum) still goes the long way. A job's ids and amounts (a
+# UUID, a run, a Decimal) are most of a line's fields.
+_NO_TEXT = frozenset({int, float, bool, type(None), UUID, Decimal, datetime})
+
+
 class Redactor:
     # Short texts already redacted, and what they became: the same job id, step, model and event name come
     # back in every line of a job. A pure function of the text, so a remembered answer is the answer.
@@ -287,11 +293,16 @@ class Redactor:
         self._remembered: dict[str, str] = {}
         self._hosts_with_passwords = {host.lower() for host in hosts_with_passwords}
         self._version = _registered["version"]
+        self._all_shapes = self._shapes + _registered["shapes"]
 
     def text(self, value: str) -> str:
         if self._version != _registered["version"]:  # new shapes: what was remembered may hold one
+            # The version read before the shapes (shapes registered in between make it differ again), and
+            # set after them (another thread seeing it redacts with them).
+            version = _registered["version"]
+            self._all_shapes = self._shapes + _registered["shapes"]
             self._remembered.clear()
-            self._version = _registered["version"]
+            self._version = version
         remembered = self._remembered.get(value)
         if remembered is not None:
             return remembered
@@ -310,9 +321,11 @@ class Redactor:
             # kombu's mask: `[redacted]` where a URL of the environment for that host holds a password, and
             # otherwise the URL as it is (a `redis://:[redacted]@` for a Redis with no password misled).
             value = _KOMBU_MASKED_URL.sub(self._unmask, value)
-        for needles, pattern, replacement in self._shapes + _registered["shapes"]:
-            if any(needle in lowered for needle in needles):
-                value = pattern.sub(replacement, value)
+        for needles, pattern, replacement in self._all_shapes:
+            for needle in needles:  # any() of a generator, without making one per shape and text
+                if needle in lowered:
+                    value = pattern.sub(replacement, value)
+                    break
         return value
 
     def _unmask(self, match: re.Match) -> str:
@@ -323,6 +336,8 @@ class Redactor:
 
     def value(self, value):
         """A field's value with its strings redacted (inside lists and dicts too); other values as they are."""
+        if type(value) in _NO_TEXT:
+            return value
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
