@@ -437,6 +437,12 @@ def _json_value(value):
     return f"<{type(value).__name__}>"
 
 
+# What json.dumps(line, default=_json_value, separators=(",", ":")) writes, with its encoder made once:
+# dumps makes one on every call given an option. Safe across threads (each encode has its own state).
+_encode = json.JSONEncoder(default=_json_value, separators=(",", ":")).encode
+_encode_plain = json.JSONEncoder(separators=(",", ":")).encode
+
+
 _second: tuple = (None, "")  # the last whole second formatted, and its text (one tuple: read whole)
 
 
@@ -473,10 +479,10 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
         try:
-            return json.dumps(line, default=_json_value, separators=(",", ":"))
+            return _encode(line)
         except (TypeError, ValueError):  # a field that refers to itself, keys that are not text, ...
-            return json.dumps({key: value if isinstance(value, (str, int, float, bool)) else _json_value(value)
-                               for key, value in line.items()}, separators=(",", ":"))
+            return _encode_plain({key: value if isinstance(value, (str, int, float, bool)) else _json_value(value)
+                                  for key, value in line.items()})
 
 
 class PlainFormatter(logging.Formatter):
