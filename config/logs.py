@@ -415,14 +415,19 @@ def _process_from_argv(argv: list[str]) -> str | None:
     return None
 
 
-def _fields(record: logging.LogRecord) -> dict:
-    """The record's fields: the ids first (FIELDS), then any other extra field."""
+def _fields(record: logging.LogRecord, line: dict | None = None) -> dict:
+    """The record's fields: the ids first (FIELDS), then any other extra field; added to `line` (the
+    names it has already keep their value and place), or to a new dict."""
+    line = {} if line is None else line
     fields = record.__dict__
-    found = {name: fields[name] for name in FIELDS if fields.get(name) is not None}
+    for name in FIELDS:
+        value = fields.get(name)
+        if value is not None and name not in line:
+            line[name] = value
     for name in _extra_names(record)[1]:
-        if name not in found:  # an id of FIELDS that is None comes in its place among the others
-            found[name] = fields[name]
-    return found
+        if name not in line:  # an id of FIELDS that is None comes in its place among the others
+            line[name] = fields[name]
+    return line
 
 
 def _json_value(value):
@@ -468,8 +473,7 @@ class JsonFormatter(logging.Formatter):
         if process:
             line["process"] = process
         line["pid"] = record.process
-        for name, value in _fields(record).items():
-            line.setdefault(name, value)
+        _fields(record, line)
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
