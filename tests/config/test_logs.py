@@ -10,6 +10,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 import requests
@@ -164,6 +165,67 @@ def test_a_broker_url_without_a_password_is_shown_as_it_is_and_one_with_a_passwo
 
     assert line["event"] == ("Connected to redis://127.0.0.1:6379/3, cache redis://:[redacted]@cache:6379/0, "
                              "raw redis://127.0.0.1:6379/3 and redis://:[redacted]@cache:6379/0")
+
+
+# --- what is remembered between lines (the names of a record's fields, texts redacted) never lets a secret
+# through nor moves a field -------------------------------------------------------------------------------
+
+
+def test_records_with_the_same_names_are_each_redacted_and_keep_their_fields_order():
+    job_id = uuid.uuid4()
+    environ = {**ENVIRON}
+    lines = [logs.JsonFormatter().format(made) for made in (
+        _redacted(record("first", job_id=job_id, attempt=1, note="nothing", headers={"x-api-key": "k" * 12}), environ),
+        _redacted(record("second", job_id=job_id, attempt=None, note=f"Bearer {API_KEY}",
+                         headers={"x-api-key": PROVIDER_KEY}), environ),
+        _redacted(record("third", job_id=job_id, attempt=2, note=PASSWORD, headers=[WEBHOOK_SECRET]), environ))]
+
+    assert_no_secret("\n".join(lines))
+    parsed = [json.loads(line) for line in lines]
+    # The ids first in FIELDS' order; one that is None in its own place among the other fields.
+    assert [_field_names(line) for line in parsed] == [["job_id", "attempt", "note", "headers"]] * 3
+    unordered = json.loads(logs.JsonFormatter().format(record("x", note=1, attempt=None, job_id=job_id)))
+    assert _field_names(unordered) == ["job_id", "note", "attempt"]
+    assert parsed[1]["attempt"] is None and parsed[1]["note"] == "Bearer [redacted]"
+    assert parsed[2]["note"] == "[redacted]" and parsed[2]["headers"] == ["[redacted]"]
+
+
+def test_values_with_no_text_are_written_as_json_wrote_them_and_text_in_any_other_type_is_redacted():
+    from django.utils.safestring import mark_safe
+
+    job_id, when = uuid.uuid4(), timezone.now()
+    made = _redacted(record("values", job_id=job_id, run=2, cost_usd=Decimal("0.400000"), ratio=0.5, done=True,
+                            nothing=None, when=when, status=JobStatus.SUCCEEDED, html=mark_safe(f"<b>{API_KEY}</b>"),
+                            nested=(1, {"deep": PASSWORD}), text="caf\u00e9 \U0001F600"))
+    line = logs.JsonFormatter().format(made)
+
+    assert line.isascii()
+    assert line.split(',"job_id"')[1] == json.dumps(
+        {"job_id": str(job_id), "run": 2, "cost_usd": "0.400000", "ratio": 0.5, "done": True, "nothing": None,
+         "when": str(when), "status": "succeeded", "html": "<b>[redacted]</b>", "nested": [1, {"deep": "[redacted]"}],
+         "text": "caf\u00e9 \U0001F600"}, separators=(",", ":")).split('"job_id"')[1]
+
+
+def test_a_shape_registered_after_texts_were_remembered_redacts_them_from_then_on(monkeypatch):
+    monkeypatch.setattr(logs, "_registered", {**logs._registered})  # this test's registration stays here
+    redact, redactor = logs.RedactFilter(environ=ENVIRON), logs.Redactor()  # config.mail's kind: not rebuilt
+    text = "key zq_live_0123456789abcdef in a line"
+    assert _redacted(record(text), redact=redact).msg == redactor.text(text) == text  # remembered as it is
+
+    logs.register_secrets(shapes=[("zq_", r"\bzq_live_[a-z0-9]{16}")])
+
+    assert _redacted(record(text), redact=redact).msg == redactor.text(text) == "key [redacted] in a line"
+    assert redactor.text(f"{text}!") == "key [redacted] in a line!"
+
+
+def _field_names(line: dict) -> list[str]:
+    return [name for name in line if name not in ("ts", "level", "logger", "event", "process", "pid")]
+
+
+def _redacted(made: logging.LogRecord, environ=ENVIRON, redact=None) -> logging.LogRecord:
+    logs.ContextFilter().filter(made)
+    assert (redact or logs.RedactFilter(environ=environ)).filter(made)
+    return made
 
 
 # --- every other event, from the services themselves ---------------------------------------------------------
