@@ -335,15 +335,18 @@ class Redactor:
         return f"{scheme}{host}"
 
     def value(self, value):
-        """A field's value with its strings redacted (inside lists and dicts too); other values as they are."""
+        """A field's value with its strings redacted (inside lists, sets and dicts too, a dict's keys as well:
+        the JSON line writes them all); other values as they are."""
         if type(value) in _NO_TEXT:
             return value
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {key: self.value(item) for key, item in value.items()}
+            return {self.value(key): self.value(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.value(item) for item in value]
+        if isinstance(value, (set, frozenset)):
+            return {self.value(item) for item in value}
         return value
 
 

@@ -95,6 +95,15 @@ def test_secrets_passed_as_arguments_or_extra_fields_are_redacted():
     assert extra["tried"] == ["[redacted]", {"deep": "[redacted]"}]
 
 
+def test_secrets_in_a_set_or_a_dicts_keys_are_redacted_too():
+    line = render(record("seen", keys={API_KEY: 1, "plain": 2}, among={PASSWORD, "plain"},
+                         frozen=frozenset({WEBHOOK_SECRET})))
+
+    assert_no_secret(json.dumps(line))
+    assert line["keys"] == {"[redacted]": 1, "plain": 2}
+    assert line["among"] == ["[redacted]", "plain"] and line["frozen"] == ["[redacted]"]
+
+
 def test_an_exception_is_one_field_of_one_line_with_its_secrets_redacted():
     try:
         raise ValueError(f"refused {API_KEY} at redis://:{PASSWORD}@cache:6379/0")
