@@ -22,7 +22,7 @@ from executor.registry import OUTPUT_CONTENT_TYPES
 from executor.services import store_error_is_permanent
 from executor.store import client_store
 from jobs import selectors, services
-from jobs.api import limits
+from jobs.api import fastcreate, limits
 from jobs.api.errors import (
     InvalidRequest,
     JobNotRetryable,
@@ -89,13 +89,18 @@ class JobListCreateView(APIView):
         key = idempotency_key_from(request)
         limits.take_create(request.user)  # before the body is read: a refused create costs next to nothing
         body = read_json_body(request)
-        serializer = JobCreateSerializer(data=body, client=request.user)
-        if not serializer.is_valid() and selectors.idempotency_key_used(client_id=request.user.id, key=key):
-            # Refused against the catalog as it is now, but the key has its job: a replay is judged by the
-            # body's hash alone (JobCreateSerializer.replay), never by a catalog changed since.
-            serializer = JobCreateSerializer(data=body, client=request.user, replay=True)
-        serializer.is_valid(raise_exception=True)
-        job, created = services.job_create(client=request.user, idempotency_key=key, data=serializer.validated_data)
+        # A plain valid media body is validated without the serializer's machinery (jobs.api.fastcreate);
+        # anything it is not sure of, every refusal included, is the serializer's to decide and answer.
+        data = fastcreate.create_data(body)
+        if data is None:
+            serializer = JobCreateSerializer(data=body, client=request.user)
+            if not serializer.is_valid() and selectors.idempotency_key_used(client_id=request.user.id, key=key):
+                # Refused against the catalog as it is now, but the key has its job: a replay is judged by the
+                # body's hash alone (JobCreateSerializer.replay), never by a catalog changed since.
+                serializer = JobCreateSerializer(data=body, client=request.user, replay=True)
+            serializer.is_valid(raise_exception=True)
+            data = serializer.validated_data
+        job, created = services.job_create(client=request.user, idempotency_key=key, data=data)
         return Response(JobSerializer(job).data, status=201 if created else 202)
 
     @extend_schema(
