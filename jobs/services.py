@@ -166,24 +166,74 @@ def job_create(*, client: Client, idempotency_key: str, data: dict) -> tuple[Job
     return job, created
 
 
+_INSERT_OR_READ: dict = {}  # the statement of _insert_or_read, and how its rows become jobs: built once
+
+
+def _insert_or_read_sql() -> tuple[list, str]:
+    """The concrete fields of a job and the statement that inserts one or reads the row of its key."""
+    if "sql" not in _INSERT_OR_READ:
+        fields = Job._meta.concrete_fields
+        table = connection.ops.quote_name(Job._meta.db_table)
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        placeholders = ", ".join(["%s"] * len(fields))
+        _INSERT_OR_READ["sql"] = fields, (
+            f"WITH inserted AS ("
+            f" INSERT INTO {table} ({columns}) VALUES ({placeholders})"
+            f" ON CONFLICT DO NOTHING RETURNING *)"
+            f" SELECT inserted.*, TRUE AS created, '[]'::json AS attempt_rows FROM inserted"
+            f" UNION ALL SELECT {table}.*, FALSE, {attempts_json_sql(table + '.id')}"
+            f" FROM {table} WHERE client_id = %s AND idempotency_key = %s"
+        )
+    return _INSERT_OR_READ["sql"]
+
+
+def _row_reader(columns: tuple[str, ...]):
+    """How a row of these columns becomes a Job, as Django's RawQuerySet makes one (the model's fields by
+    column with their converters, from_db, every other column an attribute), worked out once per set of
+    columns instead of for every row of every create."""
+    reader = _INSERT_OR_READ.get(columns)
+    if reader is None:
+        identifier = connection.introspection.identifier_converter
+        by_column = {identifier(f.column): f for f in Job._meta.fields}
+        init = [(f.attname, columns.index(identifier(f.column))) for f in Job._meta.fields
+                if identifier(f.column) in columns]
+        extra = [(column, pos) for pos, column in enumerate(columns) if column not in by_column]
+        converters = []
+        for pos, column in enumerate(columns):
+            field = by_column.get(column)
+            if field is not None:
+                col = field.get_col(Job._meta.db_table)
+                found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+                if found:
+                    converters.append((pos, found, col))
+        reader = _INSERT_OR_READ[columns] = ([name for name, _ in init], [pos for _, pos in init], extra, converters)
+    return reader
+
+
 def _insert_or_read(candidate: Job) -> tuple[Job | None, bool]:
-    fields = Job._meta.concrete_fields
-    table = connection.ops.quote_name(Job._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    values = [f.get_db_prep_save(getattr(candidate, f.attname), connection) for f in fields]
-    sql = (
-        f"WITH inserted AS ("
-        f" INSERT INTO {table} ({columns}) VALUES ({placeholders})"
-        f" ON CONFLICT DO NOTHING RETURNING *)"
-        f" SELECT inserted.*, TRUE AS created, '[]'::json AS attempt_rows FROM inserted"
-        f" UNION ALL SELECT {table}.*, FALSE, {attempts_json_sql(table + '.id')}"
-        f" FROM {table} WHERE client_id = %s AND idempotency_key = %s"
-    )
-    rows = list(Job.objects.raw(sql, [*values, candidate.client_id, candidate.idempotency_key]))
-    if not rows:
-        return None, False
-    job = rows[0]
+    fields, sql = _insert_or_read_sql()
+    adapt = connection.ops.adapt_unknown_value  # as a raw query adapts its parameters
+    params = [adapt(f.get_db_prep_save(getattr(candidate, f.attname), connection)) for f in fields]
+    params += [adapt(candidate.client_id), adapt(candidate.idempotency_key)]
+    # A plain cursor rather than Job.objects.raw(): the same statement and the same Job, without a raw
+    # query set's machinery (its columns matched to the model's fields again for every create).
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None, False
+        columns = tuple(identifier for identifier in map(connection.introspection.identifier_converter,
+                                                         (column[0] for column in cursor.description)))
+    names, positions, extra, converters = _row_reader(columns)
+    row = list(row)
+    for pos, found, col in converters:
+        value = row[pos]
+        for converter in found:
+            value = converter(value, col, connection)
+        row[pos] = value
+    job = Job.from_db(connection.alias, names, [row[pos] for pos in positions])
+    for column, pos in extra:
+        setattr(job, column, row[pos])
     if job.created:
         job.client = candidate.client  # spare a query: the caller already holds the client
     return job, bool(job.created)
