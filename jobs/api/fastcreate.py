@@ -122,28 +122,29 @@ def _media_models(value) -> list[str]:
     return models
 
 
-def _media_input(value, models: list[str]) -> tuple[dict, dict]:
+def _media_input(sent: dict, models: list[str]) -> dict:
     """jobs.kinds.media.MediaInputSerializer of an input without references: the prompt trimmed, every other
     key a provider parameter that input_problems takes, kept as sent."""
-    sent = _bounded(value)
     if "references" in sent or "prompt" not in sent:
         raise _NotSure
     prompt = _char(sent["prompt"], _PROMPT_MAX)
     if input_problems(models, sent):
         raise _NotSure
-    return sent, {**sent, "prompt": prompt}
+    return {**sent, "prompt": prompt}
 
 
 def create_data(body) -> dict | None:
     """JobCreateSerializer(data=body).validated_data for a valid media body it is sure of, else None. The
-    keys in the serializer's order: its fields as declared, then what its validate() adds."""
+    keys in the serializer's order: its fields as declared, then what its validate() adds. The catalog's
+    checks of the input come last, as in the serializer (its validate() runs once every field is valid), and
+    whatever goes wrong on the way is the serializer's to meet again: the fast path never answers itself."""
     if (type(body) is not dict or not body.keys() <= _FIELDS or body.get("kind") != "media"
             or "models" not in body or "input" not in body):
         return None
     try:
         models = _media_models(body["models"])
-        sent, cleaned = _media_input(body["input"], models)
-        data = {"kind": "media", "models": models, "input": cleaned}
+        sent = _bounded(body["input"])
+        data = {"kind": "media", "models": models, "input": sent}
         if "policy" in body:
             data["policy"] = _policy(body["policy"])
         if "output_key" in body:
@@ -157,7 +158,8 @@ def create_data(body) -> dict | None:
             data["metadata"] = metadata
         if "priority" in body:
             data["priority"] = _int(body["priority"], PRIORITY_MIN, PRIORITY_MAX)
-    except _NotSure:
+        data["input"] = _media_input(sent, models)
+    except Exception:  # noqa: BLE001 (_NotSure, or anything the serializer will raise, or answer, itself)
         return None
     data["input_as_sent"] = sent
     data.setdefault("policy", default_policy())

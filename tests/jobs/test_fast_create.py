@@ -246,3 +246,20 @@ def test_a_serializer_create_and_the_fast_replay_of_it_are_one_job(api, monkeypa
     replay = api.create(body, key="slow-1")
     assert replay.status_code == 202, replay.content
     assert replay.json() == first.json()
+
+
+def test_whatever_goes_wrong_in_the_fast_path_is_left_to_the_serializer(monkeypatch):
+    def fails(*args):
+        raise RuntimeError("the catalog could not be read")
+
+    monkeypatch.setattr(fastcreate, "input_problems", fails)
+    assert fastcreate.create_data(media_body()) is None
+
+
+def test_the_catalog_is_asked_about_the_input_only_once_every_field_is_valid(monkeypatch):
+    asked = []
+    monkeypatch.setattr(fastcreate, "input_problems", lambda models, sent: asked.append(models) or {})
+    assert fastcreate.create_data(media_body(priority=9)) is None
+    assert asked == []  # as the serializer, whose validate() runs only once every field is valid
+    assert fastcreate.create_data(media_body(priority=4)) is not None
+    assert asked == [["sandbox/video-keyed"]]
