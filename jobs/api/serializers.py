@@ -146,6 +146,9 @@ class KindField(serializers.ChoiceField):
 
 
 class JobCreateSerializer(StrictSerializer):
+    # The contract of a create. jobs.api.fastcreate takes the plain media bodies without this machinery and
+    # must accept nothing this refuses: a rule added here is added there (or makes it fall back), and
+    # tests/jobs/test_fast_create.py holds the two equal over generated bodies.
     kind = KindField()
     models = serializers.ListField(child=StrictCharField(max_length=100), min_length=1, max_length=MAX_MODELS)
     input = serializers.DictField(validators=[bounded_json], help_text=(
