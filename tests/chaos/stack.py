@@ -132,7 +132,7 @@ class Stack:
     def create_client(self, name: str, webhook_url: str, cap: str) -> dict:
         return json.loads(self.manage("create_client", name, "--webhook-url", webhook_url, "--monthly-cap-usd", cap))
 
-    def _process(self, name: str, command: str | None = None, ready: str | None = None, **env) -> ProcfileProcess:
+    def _process(self, name: str, command=None, ready: str | None = None, **env) -> ProcfileProcess:
         """`name` as the Procfile starts it (or `command`); with HOSTS=1 in the network namespace of `name`,
         but for the sandbox, which stays in the root namespace with the other services."""
         wrap = (lambda argv: self.hosts.command(name, argv)) if self.hosts and name != "sandbox" else None
@@ -144,10 +144,11 @@ class Stack:
                                               SANDBOX_PORT=self.sandbox_port,
                                               SANDBOX_STATE_DIR=self.workdir / "sandbox")
         self.procs["web"] = self._process("web")
-        worker = procfile_command("worker")
         for n in range(self.workers):
-            # Two workers on one machine need two node names (Celery warns about a clash otherwise).
-            command = worker.replace("--hostname jobs@%h", f"--hostname jobs{n}@%h")
+            # Two workers on one machine need two node names (Celery warns about a clash otherwise). The line
+            # of the release each start runs (an upgrade starts the workers again on the other one's code).
+            def command(root, n=n):
+                return procfile_command("worker", root).replace("--hostname jobs@%h", f"--hostname jobs{n}@%h")
             self.procs[f"worker{n}"] = self._process(f"worker{n}", command, ready=ProcfileProcess.READY["worker"])
         self.procs["webhooks"] = self._process("webhooks")
         self.procs["beat"] = self._process("beat")

@@ -110,7 +110,7 @@ class ProcfileProcess:
 
     READY = {"worker": " ready.", "webhooks": " ready.", "beat": "beat: Starting"}
 
-    def __init__(self, name: str, env: dict | None = None, command: str | None = None, *,
+    def __init__(self, name: str, env: dict | None = None, command: str | Callable[[Path], str] | None = None, *,
                  base: dict | None = None, log_dir: Path | None = None,
                  wrap: Callable[[list[str]], list[str]] | None = None, ready: str | None = None,
                  start_timeout: float = 30.0, root: Path = REPO_ROOT):
@@ -118,7 +118,9 @@ class ProcfileProcess:
         self.root = root
         self.env = dict(env or {})
         self.base = base
-        self.command = command or procfile_command(name, root)
+        # The Procfile's line of the release it starts on (read at each start: a process started again on
+        # another release's code runs that release's line), or `command`: a line, or a function of the root.
+        self.command = command
         self.wrap = wrap
         self.ready = ready if ready is not None else self.READY.get(name)
         self.start_timeout = start_timeout
@@ -153,7 +155,9 @@ class ProcfileProcess:
         environ = self.environment()
         self.ready_url = self._ready_url(environ)
         self.offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        argv = ["bash", "-c", f"exec {self.command}"]  # exec: the shell becomes the process, same PID
+        command = (procfile_command(self.name, self.root) if self.command is None
+                   else self.command(self.root) if callable(self.command) else self.command)
+        argv = ["bash", "-c", f"exec {command}"]  # exec: the shell becomes the process, same PID
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.wrap(argv) if self.wrap else argv, cwd=self.root, env=environ,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
