@@ -171,6 +171,20 @@ def test_an_aimed_kill_that_hit_nothing_and_a_cap_that_never_refused_fail():
     ]
 
 
+def test_a_cap_its_client_never_came_near_is_said_not_failed_and_one_it_reached_must_refuse():
+    outcome = Outcome()
+    outcome.media("c1", [("image-lookup", "succeeded", PRICE["image-lookup"], "succeeded")], client="capped")
+    far = checks.Result()
+    far.figures["spend capped"] = {"spent_usd": "1.090820", "reserved_usd": "0.000000", "cap_usd": "1.80"}
+    checks.check_landed(outcome.storm, outcome.final, far)
+    assert far.failures == [] and "not reached" in far.figures["capped refused"]
+    near = checks.Result()
+    near.figures["spend capped"] = {"spent_usd": "1.500000", "reserved_usd": "0.100000", "cap_usd": "1.80"}
+    checks.check_landed(outcome.storm, outcome.final, near)
+    assert near.failures == [
+        "the capped client was never refused (no job of its ended BUDGET_EXCEEDED): its cap did not bind"]
+
+
 # -- an honest storm ------------------------------------------------------------------------------------
 
 
