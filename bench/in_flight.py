@@ -38,16 +38,19 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads) and of its children: the `worker` line with
     more than one process is their supervisor (config.workers)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = _own_cpu_s(pid)
+    if own is None:
+        raise FileNotFoundError(pid)  # the line itself is gone (CpuSampler stops on it)
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return (int(fields[11]) + int(fields[12])) / TICKS + sum(_own_cpu_s(int(child)) for child in children)
+    return own + sum(_own_cpu_s(int(child)) or 0.0 for child in children)
 
 
-def _own_cpu_s(pid: int) -> float:
+def _own_cpu_s(pid: int) -> float | None:
+    """One process's user + system CPU seconds; None when it has ended."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:  # ended between the listing and the read
-        return 0.0
+    except FileNotFoundError:
+        return None
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
